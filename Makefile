@@ -1,0 +1,50 @@
+# Everything a developer or CI runs. `make test` and `make demo` work on a fresh machine as root.
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PYTHON ?= python3
+CMD ?= uname -r; modprobe ip_vs && ipvsadm -Ln
+
+.PHONY: setup host-packages venv kernel lint types unit test demo lab clean
+
+setup: host-packages venv kernel
+
+host-packages:
+	@bash integration/vm/install-host-packages.sh
+
+# The virtualenv is rebuilt when pyproject.toml changes.
+venv: $(VENV)/.installed
+$(VENV)/.installed: pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11) and "ipvsproxy needs Python 3.11+")'
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check -e '.[dev]'
+	@touch $@
+
+# Fetch (once) and cache the lab kernel; fails loudly if it cannot.
+kernel: venv
+	@$(PY) -m integration.vm.lab --fetch-only
+
+lint: venv
+	$(VENV)/bin/ruff check .
+
+types: venv
+	$(VENV)/bin/mypy
+
+# Fast tests only (no lab boot).
+unit: venv
+	$(VENV)/bin/pytest -m 'not kernel'
+
+# Lint, types, unit tests and kernel tests (inside the lab), one pytest summary at the end.
+test: setup lint types
+	$(VENV)/bin/pytest
+
+demo: setup
+	$(PY) -m integration.vm.lab -- bash integration/vm/demo.sh
+
+# Run any command inside the lab guest: make lab CMD='ipvsadm -Ln'
+lab: setup
+	$(PY) -m integration.vm.lab -- '$(CMD)'
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build *.egg-info

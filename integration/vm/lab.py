@@ -1,0 +1,263 @@
+"""The real-IPVS kernel lab: Debian's standard kernel under qemu (software emulation) via virtme-ng.
+
+The host kernel has no IPVS. This module fetches the kernel that Debian's `linux-image-amd64`
+depends on (extracted, never installed), caches it under one directory, and runs a command in a
+guest that shares the host's filesystem. It owns nothing else: the pytest bridge
+(`pytest_lab.py`) and `make lab` are built on `run()`.
+
+Facts this relies on (measured, see shared/kernel-lab.md):
+- a stock guest kernel hangs under /dev/kvm here, so qemu runs with --disable-kvm;
+- the `-cloud` flavour lacks 9p, so only the standard flavour works;
+- without --verbose, virtme-ng does not show what the command prints, so the command writes its
+  output and exit code into a --rwdir folder that the host reads afterwards;
+- the guest's root is the host's, read-only; virtme-ng overlays /tmp, /usr, /etc, /var, and we
+  add a writable overlay over the checkout (writes inside the guest never reach the host);
+- the guest finds modules under the host's /lib/modules/<version>, which we populate from the
+  cache and index with depmod.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_CACHE = Path(os.environ.get("XDG_CACHE_HOME", "~/.cache")).expanduser() / "ipvsproxy-lab"
+# The meta-package whose dependency names the current standard kernel.
+META_PACKAGE = "linux-image-amd64"
+
+
+class LabError(Exception):
+    """The lab could not fetch its kernel or boot; the message says why and what to do."""
+
+
+@dataclass(frozen=True)
+class Kernel:
+    version: str
+    vmlinuz: Path
+    modules: Path
+
+
+@dataclass(frozen=True)
+class LabResult:
+    rc: int
+    output: str
+    kernel_release: str
+    boot_seconds: float  # host wall time from launching qemu until the command started
+    total_seconds: float
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("IPVSPROXY_LAB_CACHE", str(DEFAULT_CACHE))).expanduser()
+
+
+def _sh(cmd: list[str], **kw: object) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(cmd, check=False, text=True, capture_output=True, **kw)  # type: ignore[call-overload, no-any-return]
+
+
+def resolve_kernel_package() -> str:
+    """The package name `linux-image-amd64` depends on, e.g. linux-image-6.1.0-56-amd64."""
+    for attempt in range(2):
+        out = _sh(["apt-cache", "depends", META_PACKAGE])
+        for line in out.stdout.splitlines():
+            parts = line.split()
+            if len(parts) == 2 and parts[0] == "Depends:" and parts[1].startswith("linux-image-"):
+                return parts[1]
+        if attempt == 0:  # apt lists may be empty on a fresh machine
+            _sh(["apt-get", "update", "-qq"])
+    raise LabError(
+        f"cannot resolve the kernel package: `apt-cache depends {META_PACKAGE}` names none "
+        "(is apt reachable? try `apt-get update`)"
+    )
+
+
+def ensure_kernel(cache: Path | None = None) -> Kernel:
+    """Return the cached lab kernel, downloading and extracting it on first use only."""
+    cache = cache or cache_dir()
+    cache.mkdir(parents=True, exist_ok=True)
+    pinned = cache / "current"
+    version = os.environ.get("IPVSPROXY_LAB_KERNEL", "")
+    if not version and pinned.exists():
+        version = pinned.read_text().strip()
+    root = cache / version if version else None
+    if root is None or not (root / "boot" / f"vmlinuz-{version}").exists():
+        package = f"linux-image-{version}" if version else resolve_kernel_package()
+        version = package.removeprefix("linux-image-")
+        if version.endswith("-cloud-amd64"):
+            raise LabError(f"{package}: the cloud kernel has no 9p; use the standard flavour")
+        root = cache / version
+        _download_and_extract(package, root)
+    pinned.write_text(version + "\n")
+    boot = root / "boot" / f"vmlinuz-{version}"
+    kernel = Kernel(version, boot, root / "lib" / "modules" / version)
+    _install_modules(kernel)
+    return kernel
+
+
+def _download_and_extract(package: str, root: Path) -> None:
+    with tempfile.TemporaryDirectory(dir=root.parent) as tmp:
+        got = _sh(["apt-get", "download", package], cwd=tmp)
+        debs = list(Path(tmp).glob("*.deb"))
+        if not debs:
+            raise LabError(f"apt-get download {package} failed: {got.stderr.strip()[-400:]}")
+        staging = Path(tmp) / "x"
+        ext = _sh(["dpkg-deb", "-x", str(debs[0]), str(staging)])
+        if ext.returncode != 0:
+            raise LabError(f"dpkg-deb -x {debs[0].name} failed: {ext.stderr.strip()}")
+        if root.exists():
+            shutil.rmtree(root)
+        staging.rename(root)
+
+
+def _install_modules(kernel: Kernel) -> None:
+    """The guest loads modules from the host's /lib/modules/<version> (shared root filesystem)."""
+    target = Path("/lib/modules") / kernel.version
+    if (target / "modules.dep").exists():
+        return
+    if os.geteuid() != 0:
+        raise LabError(f"{target} is missing and only root can install it (run as root)")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if target.exists():
+        shutil.rmtree(target)
+    shutil.copytree(kernel.modules, target, symlinks=True)
+    dep = _sh(["depmod", kernel.version])
+    if dep.returncode != 0:
+        raise LabError(f"depmod {kernel.version} failed: {dep.stderr.strip()}")
+
+
+def _vng() -> list[str]:
+    venv_bin = Path(sys.executable).parent
+    vng = shutil.which("vng", path=f"{venv_bin}:{os.environ.get('PATH', '')}")
+    if not vng:
+        raise LabError("virtme-ng (vng) is not installed: `make setup` installs it")
+    if not shutil.which("qemu-system-x86_64"):
+        raise LabError("qemu-system-x86_64 is missing: `make setup` installs qemu-system-x86")
+    return [vng]
+
+
+GUEST_SCRIPT = """#!/bin/bash
+cat /proc/uptime > {w}/started
+uname -r > {w}/uname
+cd {cwd} || exit 97
+export IPVSPROXY_IN_LAB=1 HOST_KERNEL_RELEASE={host_release} PYTHONDONTWRITEBYTECODE=1
+export PATH={venv_bin}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+( {command} ) > {w}/output 2>&1 < /dev/null
+echo $? > {w}/rc
+"""
+
+
+def run(
+    command: str,
+    *,
+    timeout: float = 1800.0,
+    memory: str = "2G",
+    cpus: int = 2,
+    stream: bool = False,
+    cwd: Path = PROJECT_ROOT,
+    kernel: Kernel | None = None,
+    extra_rwdirs: list[Path] | None = None,
+) -> LabResult:
+    """Boot the lab kernel, run `command` (bash) in `cwd`, return its output and exit code."""
+    kernel = kernel or ensure_kernel()
+    vng = _vng()
+    with tempfile.TemporaryDirectory(prefix="ipvsproxy-lab-") as wdir:
+        w = Path(wdir)
+        (w / "cmd.sh").write_text(
+            GUEST_SCRIPT.format(
+                w=w, cwd=cwd, command=command, host_release=os.uname().release,
+                venv_bin=Path(sys.executable).parent,
+            )
+        )
+        argv = [
+            *vng, "--run", str(kernel.vmlinuz), "--disable-kvm", "--force-9p",
+            "--memory", memory, "--cpus", str(cpus),
+            "--rwdir", str(w), "--overlay-rwdir", str(cwd), "--cwd", str(cwd),
+            *[a for d in (extra_rwdirs or []) for a in ("--rwdir", str(d))],
+            "--exec", f"bash {w}/cmd.sh",
+        ]
+        env = dict(os.environ)
+        env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
+        start = time.monotonic()
+        proc = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            text=True, env=env, start_new_session=True,
+        )
+        vng_log: list[str] = []
+        reader = threading.Thread(target=lambda: vng_log.extend(proc.stdout or []), daemon=True)
+        reader.start()
+        boot = _wait(proc, w, start, timeout, stream)
+        reader.join(timeout=5)
+        total = time.monotonic() - start
+        output = (w / "output").read_text(errors="replace") if (w / "output").exists() else ""
+        if not (w / "rc").exists():
+            tail = "".join(vng_log)[-2000:]
+            raise LabError(
+                f"the lab guest (kernel {kernel.version}) did not finish its command "
+                f"(vng exit {proc.returncode}, {total:.0f}s). "
+                f"Command output:\n{output[-2000:]}\nvirtme-ng said:\n{tail}"
+            )
+        return LabResult(
+            rc=int((w / "rc").read_text().strip() or 1),
+            output=output,
+            kernel_release=(w / "uname").read_text().strip(),
+            boot_seconds=boot if boot is not None else total,
+            total_seconds=total,
+        )
+
+
+def _wait(proc: subprocess.Popen[str], w: Path, start: float, timeout: float,
+          stream: bool) -> float | None:
+    boot: float | None = None
+    shown = 0
+    while True:
+        done = proc.poll() is not None
+        if boot is None and (w / "started").exists():
+            boot = time.monotonic() - start
+        if stream and (w / "output").exists():
+            text = (w / "output").read_text(errors="replace")
+            sys.stdout.write(text[shown:])
+            sys.stdout.flush()
+            shown = len(text)
+        if done:
+            return boot
+        if time.monotonic() - start > timeout:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            raise LabError(f"the lab guest exceeded its {timeout:.0f}s limit and was killed")
+        time.sleep(0.2)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Run a command inside the real-IPVS kernel lab.")
+    parser.add_argument("command", nargs="+", help="shell command to run in the guest")
+    parser.add_argument("--timeout", type=float, default=1800.0)
+    parser.add_argument("--fetch-only", action="store_true", help="only fetch and cache the kernel")
+    args = parser.parse_args(argv)
+    try:
+        kernel = ensure_kernel()
+        if args.fetch_only:
+            print(f"lab kernel {kernel.version} cached in {kernel.vmlinuz.parent.parent}")
+            return 0
+        res = run(" ".join(args.command), timeout=args.timeout, stream=True, kernel=kernel)
+    except LabError as exc:
+        print(f"lab: {exc}", file=sys.stderr)
+        return 3
+    print(
+        f"lab: kernel {res.kernel_release} (host {os.uname().release}), "
+        f"boot {res.boot_seconds:.1f}s, total {res.total_seconds:.1f}s, exit {res.rc}",
+        file=sys.stderr,
+    )
+    return res.rc
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,1 @@
+"""Pure models of the kernel's IPVS schedulers. Imports nothing from ipvsproxy."""

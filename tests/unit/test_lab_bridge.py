@@ -1,0 +1,97 @@
+"""The pytest bridge to the kernel lab: results come back, skips and boot failures fail.
+
+The real boot is exercised by every kernel test in `make test`. Here `lab.run` is replaced by a
+stand-in that runs the guest-side pytest command on the host, to check the bridge's plumbing
+(report replay, skip -> failure, missing report -> failure) quickly. The boot-failure test uses
+the real `lab` module with a kernel that does not exist.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+pytest_plugins = ["pytester"]
+ROOT = Path(__file__).resolve().parents[2]
+
+CONFTEST = f"""
+import sys
+sys.path.insert(0, {str(ROOT)!r})
+pytest_plugins = ["integration.vm.pytest_lab"]
+"""
+
+STANDIN = CONFTEST + """
+import os, subprocess
+from integration.vm import lab
+
+def fake_run(command, *, cwd, extra_rwdirs, **kw):
+    env = dict(os.environ, IPVSPROXY_IN_LAB="1", HOST_KERNEL_RELEASE="host")
+    p = subprocess.run(["bash", "-c", command], cwd=cwd, env=env, capture_output=True, text=True)
+    if os.environ.get("DROP_REPORT"):
+        for d in extra_rwdirs:
+            for f in d.glob("report.json"):
+                f.unlink()
+    return lab.LabResult(p.returncode, p.stdout + p.stderr, "guest-1.0", 0.1, 0.2)
+
+lab.run = fake_run
+"""
+
+TESTS = """
+import pytest
+
+@pytest.mark.kernel
+def test_k_pass():
+    pass
+
+@pytest.mark.kernel
+def test_k_fail():
+    assert 1 == 2, "guest says no"
+
+@pytest.mark.kernel
+def test_k_skip():
+    pytest.skip("no ipvs here")
+
+def test_host_only():
+    pass
+"""
+
+
+def _project(pytester: pytest.Pytester, conftest: str) -> None:
+    pytester.makeconftest(textwrap.dedent(conftest))
+    pytester.makeini("[pytest]\nmarkers =\n    kernel: lab\n")
+    pytester.makepyfile(test_mod=TESTS)
+
+
+def test_guest_results_replayed_and_skip_becomes_failure(pytester: pytest.Pytester) -> None:
+    _project(pytester, STANDIN)
+    res = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    res.assert_outcomes(passed=2, failed=2)
+    out = res.stdout.str()
+    assert "guest says no" in out
+    assert "kernel test skipped inside the lab (no ipvs here)" in out
+    assert "kernel tests ran inside the lab: kernel guest-1.0" in out
+
+
+def test_missing_guest_report_fails_every_kernel_test(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _project(pytester, STANDIN)
+    monkeypatch.setenv("DROP_REPORT", "1")
+    res = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    res.assert_outcomes(passed=1, failed=3)
+    assert "wrote no report" in res.stdout.str()
+
+
+def test_lab_that_cannot_boot_fails_loudly(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    _project(pytester, CONFTEST)
+    monkeypatch.setenv("IPVSPROXY_LAB_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("IPVSPROXY_LAB_KERNEL", "0.0.0-0-nonexistent-amd64")
+    res = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    res.assert_outcomes(passed=1, failed=3)
+    out = res.stdout.str()
+    assert "kernel lab could not boot or finish" in out
+    assert "apt-get download linux-image-0.0.0-0-nonexistent-amd64 failed" in out
