@@ -238,10 +238,12 @@ def _wait(proc: subprocess.Popen[str], w: Path, start: float, timeout: float,
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Run a command inside the real-IPVS kernel lab.")
-    parser.add_argument("command", nargs="+", help="shell command to run in the guest")
+    parser.add_argument("command", nargs="*", help="shell command to run in the guest")
     parser.add_argument("--timeout", type=float, default=1800.0)
     parser.add_argument("--fetch-only", action="store_true", help="only fetch and cache the kernel")
     args = parser.parse_args(argv)
+    if not args.command and not args.fetch_only:
+        parser.error("a command is required (or --fetch-only)")
     try:
         kernel = ensure_kernel()
         if args.fetch_only:
