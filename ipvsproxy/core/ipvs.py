@@ -1,0 +1,195 @@
+"""IPVS kernel objects as frozen values: virtual servers, real servers, stats, info, timeouts.
+
+These are the words every other part speaks: the desired state produces them, the kernel layer
+observes and applies them, the ipvsadm renderer prints them. Constants follow
+include/uapi/linux/ip_vs.h.
+"""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass, field
+from enum import IntEnum
+from ipaddress import IPv4Address, IPv6Address
+
+IPAddress = IPv4Address | IPv6Address
+
+AF_INET = int(socket.AF_INET)  # 2 (plain ints: values compare and print the same everywhere)
+AF_INET6 = int(socket.AF_INET6)  # 10
+
+# Service flags (ip_vs.h IP_VS_SVC_F_*).
+SVC_F_PERSISTENT = 0x0001
+SVC_F_HASHED = 0x0002  # set by the kernel on every service; never part of desired state
+SVC_F_ONEPACKET = 0x0004
+SVC_F_SCHED1 = 0x0008  # sh-fallback / mh-fallback
+SVC_F_SCHED2 = 0x0010  # sh-port / mh-port
+SVC_F_SCHED3 = 0x0020
+
+# Destination connection flags: the forwarding method is the low 3 bits (IP_VS_CONN_F_FWD_MASK).
+CONN_F_FWD_MASK = 0x0007
+
+
+class Protocol(IntEnum):
+    NONE = 0  # fwmark services have no protocol
+    TCP = 6
+    UDP = 17
+    SCTP = 132
+
+
+class Fwd(IntEnum):
+    MASQ = 0
+    LOCALNODE = 1
+    TUNNEL = 2
+    ROUTE = 3  # direct routing ("gatewaying" in ipvsadm)
+    BYPASS = 4
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class ServiceKey:
+    """What identifies a virtual server: (af, protocol, addr, port) or (af, fwmark)."""
+
+    af: int
+    protocol: Protocol
+    addr: IPAddress | None
+    port: int
+    fwmark: int = 0
+
+    @staticmethod
+    def inet(protocol: Protocol, addr: IPAddress, port: int) -> ServiceKey:
+        return ServiceKey(AF_INET6 if addr.version == 6 else AF_INET, protocol, addr, port)
+
+    @staticmethod
+    def mark(fwmark: int, af: int = AF_INET) -> ServiceKey:
+        return ServiceKey(af, Protocol.NONE, None, 0, fwmark)
+
+    def __str__(self) -> str:
+        if self.fwmark:
+            return f"FWM {self.fwmark}" + (" IPv6" if self.af == AF_INET6 else "")
+        host = f"[{self.addr}]" if self.af == AF_INET6 else str(self.addr)
+        return f"{self.protocol.name} {host}:{self.port}"
+
+
+@dataclass(frozen=True, slots=True)
+class VirtualServer:
+    """A virtual server as configured (no counters). flags never include SVC_F_HASHED."""
+
+    key: ServiceKey
+    scheduler: str = "rr"
+    flags: int = 0
+    timeout: int = 0  # persistence timeout in seconds (with SVC_F_PERSISTENT)
+    # Persistence granularity as the kernel holds it: for IPv4 the 32-bit mask as an integer
+    # (0xFFFFFFFF = per client address), for IPv6 the prefix length (1..128). -1 = the default.
+    netmask: int = -1
+    pe_name: str = ""
+
+    @property
+    def effective_netmask(self) -> int:
+        if self.netmask >= 0:
+            return self.netmask
+        return 128 if self.key.af == AF_INET6 else 0xFFFFFFFF
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class DestKey:
+    addr: IPAddress
+    port: int
+
+    def __str__(self) -> str:
+        host = f"[{self.addr}]" if self.addr.version == 6 else str(self.addr)
+        return f"{host}:{self.port}"
+
+
+@dataclass(frozen=True, slots=True)
+class RealServer:
+    """A real server (destination) of a virtual server, as configured (no counters)."""
+
+    key: DestKey
+    fwd: Fwd = Fwd.MASQ
+    weight: int = 1
+    u_threshold: int = 0
+    l_threshold: int = 0
+    tun_type: int = 0
+    tun_port: int = 0
+    tun_flags: int = 0
+
+    @property
+    def af(self) -> int:
+        return AF_INET6 if self.key.addr.version == 6 else AF_INET
+
+
+@dataclass(frozen=True, slots=True)
+class Stats:
+    """IPVS counters (64-bit) and rates, as the kernel's IPVS_*_ATTR_STATS64 carries them."""
+
+    conns: int = 0
+    inpkts: int = 0
+    outpkts: int = 0
+    inbytes: int = 0
+    outbytes: int = 0
+    cps: int = 0
+    inpps: int = 0
+    outpps: int = 0
+    inbps: int = 0
+    outbps: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ObservedDest:
+    dest: RealServer
+    active_conns: int = 0
+    inact_conns: int = 0
+    persist_conns: int = 0
+    stats: Stats = field(default_factory=Stats)
+
+
+@dataclass(frozen=True, slots=True)
+class ObservedService:
+    service: VirtualServer
+    dests: tuple[ObservedDest, ...] = ()
+    stats: Stats = field(default_factory=Stats)
+
+
+@dataclass(frozen=True, slots=True)
+class IpvsInfo:
+    version: int  # (major << 16) | (minor << 8) | patch
+    conn_tab_size: int
+
+    @property
+    def version_str(self) -> str:
+        v = self.version
+        return f"{v >> 16}.{(v >> 8) & 0xFF}.{v & 0xFF}"
+
+
+@dataclass(frozen=True, slots=True)
+class Timeouts:
+    tcp: int
+    tcp_fin: int
+    udp: int
+
+
+class OpKind(IntEnum):
+    ADD_SERVICE = 1
+    EDIT_SERVICE = 2
+    DEL_SERVICE = 3
+    ADD_DEST = 5
+    EDIT_DEST = 6
+    DEL_DEST = 7
+    SET_TIMEOUTS = 12
+    ZERO = 16
+    FLUSH = 17
+
+
+@dataclass(frozen=True, slots=True)
+class IpvsOp:
+    """One IPVS change. The values of OpKind are the generic-netlink command numbers."""
+
+    kind: OpKind
+    service: VirtualServer | None = None
+    dest: RealServer | None = None
+    timeouts: Timeouts | None = None
+
+    def __str__(self) -> str:
+        what = str(self.service.key) if self.service else ""
+        if self.dest:
+            what += f" -> {self.dest.key}"
+        return f"{self.kind.name.lower()} {what}".strip()
