@@ -1,0 +1,392 @@
+"""The cluster model: Services, EndpointSlices and the Node, from API JSON into frozen values.
+
+Only the fields the proxy needs are kept. Parsing never raises on bad cluster data: an invalid
+object (or an invalid part of one, such as one bad port) becomes a `Problem` naming the object
+and the reason, and everything valid next to it is kept. Semantics follow kube-proxy
+(pkg/proxy/serviceport.go, endpointslicecache.go); see shared/reference/kube-proxy-ipvs.md §4.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network, ip_address, ip_network
+from typing import Any
+
+IPAddress = IPv4Address | IPv6Address
+IPNetwork = IPv4Network | IPv6Network
+
+LABEL_SERVICE_NAME = "kubernetes.io/service-name"
+LABEL_PROXY_NAME = "service.kubernetes.io/service-proxy-name"
+LABEL_HEADLESS = "service.kubernetes.io/headless"
+LABEL_ZONE = "topology.kubernetes.io/zone"
+ANN_SCHEDULER = "ipvsproxy.io/scheduler"
+ANN_SCHED_FLAGS = "ipvsproxy.io/scheduler-flags"
+ANN_WEIGHT = "ipvsproxy.io/weight"
+ANN_TRIGGER_TIME = "endpoints.kubernetes.io/last-change-trigger-time"
+TAINT_TO_BE_DELETED = "ToBeDeletedByClusterAutoscaler"
+
+
+class Proto(StrEnum):
+    TCP = "TCP"
+    UDP = "UDP"
+    SCTP = "SCTP"
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    """An invalid object or field: reported once, never fatal to the rest."""
+
+    kind: str
+    namespace: str
+    name: str
+    reason: str
+
+    def __str__(self) -> str:
+        where = f"{self.namespace}/{self.name}" if self.namespace else self.name
+        return f"{self.kind} {where}: {self.reason}"
+
+
+@dataclass(frozen=True, slots=True)
+class ServicePort:
+    name: str
+    protocol: Proto
+    port: int
+    node_port: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Service:
+    namespace: str
+    name: str
+    type: str  # ClusterIP, NodePort, LoadBalancer (ExternalName and headless are never built)
+    cluster_ips: tuple[IPAddress, ...]
+    ports: tuple[ServicePort, ...]
+    external_ips: tuple[IPAddress, ...] = ()
+    lb_ingress_ips: tuple[IPAddress, ...] = ()  # ipMode Proxy and hostname-only already dropped
+    lb_source_ranges: tuple[IPNetwork, ...] = ()
+    external_local: bool = False  # externalTrafficPolicy: Local
+    internal_local: bool = False  # internalTrafficPolicy: Local
+    affinity_timeout: int = 0  # sessionAffinity ClientIP timeout; 0 = no affinity
+    health_check_node_port: int = 0
+    scheduler: str = ""  # ipvsproxy.io/scheduler ("" = the configured default)
+    sched_flags: int = 0  # ipvsproxy.io/scheduler-flags as IPVS flag bits
+    annotations_problem: str = ""
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    addr: IPAddress
+    ready: bool
+    serving: bool
+    terminating: bool
+    node_name: str = ""
+    zone_hints: frozenset[str] = frozenset()
+    has_hints: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class SlicePort:
+    name: str
+    protocol: Proto
+    port: int
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointSlice:
+    namespace: str
+    name: str
+    service: str  # the kubernetes.io/service-name label
+    family: int  # 4 or 6 (FQDN slices are dropped)
+    ports: tuple[SlicePort, ...]
+    endpoints: tuple[Endpoint, ...]
+    weight: int = 1  # ipvsproxy.io/weight
+    trigger_time: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    name: str
+    zone: str = ""
+    addresses: tuple[IPAddress, ...] = ()
+    deleting: bool = False
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+
+# ------------------------------------------------------------------------------ helpers
+
+
+def _meta(obj: Mapping[str, Any]) -> tuple[str, str, Mapping[str, Any]]:
+    meta = obj.get("metadata")
+    if not isinstance(meta, Mapping):
+        meta = {}
+    ns = meta.get("namespace")
+    name = meta.get("name")
+    return (ns if isinstance(ns, str) else "", name if isinstance(name, str) else "", meta)
+
+
+def _str_map(v: Any) -> dict[str, str]:
+    if not isinstance(v, Mapping):
+        return {}
+    return {k: x for k, x in v.items() if isinstance(k, str) and isinstance(x, str)}
+
+
+def _port(v: Any) -> int | None:
+    if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 65535:
+        return None
+    return v
+
+
+def _ip(v: Any) -> IPAddress | None:
+    if not isinstance(v, str):
+        return None
+    try:
+        a = ip_address(v)
+    except ValueError:
+        return None
+    if isinstance(a, IPv6Address) and a.ipv4_mapped is not None:
+        return None  # kube-proxy's IP parsing rejects IPv4-mapped IPv6 for services
+    return a
+
+
+def _list(v: Any) -> list[Any]:
+    return v if isinstance(v, list) else []
+
+
+def _bool_or(v: Any, default: bool) -> bool:
+    return v if isinstance(v, bool) else default
+
+
+SCHED_FLAG_BITS = {"sh-fallback": 0x8, "mh-fallback": 0x8, "flag-1": 0x8, "sh-port": 0x10,
+                   "mh-port": 0x10, "flag-2": 0x10, "flag-3": 0x20}
+SCHEDULER_NAME_MAX = 15  # IP_VS_SCHEDNAME_MAXLEN - 1: longer names fail netlink validation
+
+
+def _annotations(ann: Mapping[str, str]) -> tuple[str, int, list[str]]:
+    problems: list[str] = []
+    sched = ann.get(ANN_SCHEDULER, "").strip()
+    if sched and (len(sched) > SCHEDULER_NAME_MAX or not sched.replace("_", "").isalnum()
+                  or not sched.isascii()):
+        problems.append(f"annotation {ANN_SCHEDULER}={sched!r} is not a scheduler name; "
+                        "using the default")
+        sched = ""
+    flags = 0
+    raw = ann.get(ANN_SCHED_FLAGS, "")
+    for word in filter(None, (w.strip() for w in raw.split(","))):
+        bit = SCHED_FLAG_BITS.get(word)
+        if bit is None:
+            problems.append(f"annotation {ANN_SCHED_FLAGS}: unknown flag {word!r} ignored")
+        else:
+            flags |= bit
+    return sched.lower(), flags, problems
+
+
+# ------------------------------------------------------------------------------ parsers
+
+
+def parse_service(obj: Mapping[str, Any]) -> tuple[Service | None, list[Problem]]:
+    """A Service to proxy, or None (skipped: headless, ExternalName, labelled, invalid)."""
+    ns, name, meta = _meta(obj)
+    problems: list[Problem] = []
+
+    def bad(reason: str) -> Problem:
+        return Problem("Service", ns, name or "<unnamed>", reason)
+
+    if not name or not ns:
+        return None, [bad("metadata.name and metadata.namespace are required")]
+    labels = _str_map(meta.get("labels"))
+    if LABEL_PROXY_NAME in labels or LABEL_HEADLESS in labels:
+        return None, []  # not ours (kube-proxy's informer label selector drops these)
+    spec = obj.get("spec")
+    if not isinstance(spec, Mapping):
+        return None, [bad("spec is missing or not an object")]
+    stype = spec.get("type", "ClusterIP")
+    if stype == "ExternalName":
+        return None, []
+    if stype not in ("ClusterIP", "NodePort", "LoadBalancer"):
+        return None, [bad(f"unknown spec.type {stype!r}")]
+    raw_ips = _list(spec.get("clusterIPs")) or [spec.get("clusterIP")]
+    if raw_ips in ([None], ["None"], [""], []) or "None" in raw_ips:
+        return None, []  # headless
+    cluster_ips: list[IPAddress] = []
+    for raw in raw_ips:
+        a = _ip(raw)
+        if a is None:
+            problems.append(bad(f"clusterIP {raw!r} is not a valid IP address; ignored"))
+        elif a.version not in {x.version for x in cluster_ips}:
+            cluster_ips.append(a)
+    if not cluster_ips:
+        return None, problems or [bad("no valid clusterIP")]
+    ports: list[ServicePort] = []
+    seen: set[tuple[str, Proto]] = set()
+    for i, p in enumerate(_list(spec.get("ports"))):
+        if not isinstance(p, Mapping):
+            problems.append(bad(f"spec.ports[{i}] is not an object; ignored"))
+            continue
+        pname = p.get("name", "") if isinstance(p.get("name", ""), str) else None
+        proto_raw = p.get("protocol", "TCP")
+        port = _port(p.get("port"))
+        np_raw = p.get("nodePort", 0)
+        node_port = 0 if np_raw in (0, None) else _port(np_raw)
+        if pname is None or proto_raw not in Proto.__members__ or port is None \
+                or node_port is None:
+            problems.append(bad(f"spec.ports[{i}] is invalid (name {p.get('name')!r}, protocol "
+                                f"{proto_raw!r}, port {p.get('port')!r}, nodePort {np_raw!r}); "
+                                "ignored"))
+            continue
+        if (pname, Proto(proto_raw)) in seen:
+            problems.append(bad(f"spec.ports[{i}] duplicates port name {pname!r}; ignored"))
+            continue
+        seen.add((pname, Proto(proto_raw)))
+        if stype == "ClusterIP":
+            node_port = 0
+        ports.append(ServicePort(pname, Proto(proto_raw), port, node_port))
+    ext: list[IPAddress] = []
+    for raw in _list(spec.get("externalIPs")):
+        a = _ip(raw)
+        if a is None:
+            problems.append(bad(f"externalIP {raw!r} is not a valid IP address; ignored"))
+        elif a not in ext:
+            ext.append(a)
+    lb: list[IPAddress] = []
+    ranges: list[IPNetwork] = []
+    hc = 0
+    if stype == "LoadBalancer":
+        status = obj.get("status")
+        lbs = status.get("loadBalancer") if isinstance(status, Mapping) else None
+        ingress = lbs.get("ingress") if isinstance(lbs, Mapping) else None
+        for ing in _list(ingress):
+            if not isinstance(ing, Mapping) or "ip" not in ing:
+                continue  # hostname-only ingress is ignored
+            if ing.get("ipMode") == "Proxy":
+                continue
+            a = _ip(ing.get("ip"))
+            if a is None:
+                problems.append(bad(f"loadBalancer ingress IP {ing.get('ip')!r} is invalid"))
+            elif a not in lb:
+                lb.append(a)
+        for raw in _list(spec.get("loadBalancerSourceRanges")):
+            try:
+                net = ip_network(raw.strip(), strict=False) if isinstance(raw, str) else None
+            except ValueError:
+                net = None
+            if net is None:
+                problems.append(bad(f"loadBalancerSourceRange {raw!r} is not a CIDR; ignored"))
+            elif net not in ranges:
+                ranges.append(net)
+        hc = _port(spec.get("healthCheckNodePort")) or 0
+    ext_local = spec.get("externalTrafficPolicy") == "Local"
+    int_local = spec.get("internalTrafficPolicy") == "Local"
+    timeout = 0
+    if spec.get("sessionAffinity") == "ClientIP":
+        cfg = spec.get("sessionAffinityConfig")
+        cip = cfg.get("clientIP") if isinstance(cfg, Mapping) else None
+        t = cip.get("timeoutSeconds", 10800) if isinstance(cip, Mapping) else 10800
+        if isinstance(t, bool) or not isinstance(t, int) or not 1 <= t <= 86400:
+            problems.append(bad(f"sessionAffinityConfig timeoutSeconds {t!r} is invalid; "
+                                "using 10800"))
+            t = 10800
+        timeout = t
+    sched, flags, ann_problems = _annotations(_str_map(meta.get("annotations")))
+    problems.extend(bad(p) for p in ann_problems)
+    svc = Service(ns, name, stype, tuple(cluster_ips), tuple(ports), tuple(ext), tuple(lb),
+                  tuple(ranges), ext_local,
+                  int_local, timeout, hc if ext_local else 0, sched, flags)
+    return svc, problems
+
+
+def parse_endpoint_slice(obj: Mapping[str, Any]) -> tuple[EndpointSlice | None, list[Problem]]:
+    ns, name, meta = _meta(obj)
+    problems: list[Problem] = []
+
+    def bad(reason: str) -> Problem:
+        return Problem("EndpointSlice", ns, name or "<unnamed>", reason)
+
+    if not name or not ns:
+        return None, [bad("metadata.name and metadata.namespace are required")]
+    labels = _str_map(meta.get("labels"))
+    if LABEL_PROXY_NAME in labels or LABEL_HEADLESS in labels:
+        return None, []
+    svc = labels.get(LABEL_SERVICE_NAME, "")
+    if not svc:
+        return None, []  # kube-proxy ignores slices without the service-name label
+    at = obj.get("addressType")
+    if at not in ("IPv4", "IPv6"):
+        if at != "FQDN":
+            problems.append(bad(f"addressType {at!r} is not IPv4, IPv6 or FQDN; ignored"))
+        return None, problems
+    family = 4 if at == "IPv4" else 6
+    ports: list[SlicePort] = []
+    for i, p in enumerate(_list(obj.get("ports"))):
+        if not isinstance(p, Mapping):
+            problems.append(bad(f"ports[{i}] is not an object; ignored"))
+            continue
+        pname = p.get("name") or ""
+        proto = p.get("protocol", "TCP")
+        port = _port(p.get("port"))
+        if not isinstance(pname, str) or proto not in Proto.__members__ or port is None:
+            if p.get("port") is not None:  # kube-proxy ignores nil ports silently
+                problems.append(bad(f"ports[{i}] is invalid (port {p.get('port')!r}, protocol "
+                                    f"{proto!r}); ignored"))
+            continue
+        ports.append(SlicePort(pname, Proto(proto), port))
+    eps: list[Endpoint] = []
+    for i, e in enumerate(_list(obj.get("endpoints"))):
+        if not isinstance(e, Mapping):
+            problems.append(bad(f"endpoints[{i}] is not an object; ignored"))
+            continue
+        addrs = _list(e.get("addresses"))
+        a = _ip(addrs[0]) if addrs else None  # kube-proxy uses addresses[0] only
+        if a is None or a.version != family:
+            problems.append(bad(f"endpoints[{i}] address {addrs[:1]!r} is not a valid "
+                                f"IPv{family} address; ignored"))
+            continue
+        cond = e.get("conditions")
+        cond = cond if isinstance(cond, Mapping) else {}
+        hints = e.get("hints")
+        zones: frozenset[str] = frozenset()
+        has_hints = False
+        if isinstance(hints, Mapping) and isinstance(hints.get("forZones"), list):
+            has_hints = True
+            zones = frozenset(z["name"] for z in hints["forZones"]
+                              if isinstance(z, Mapping) and isinstance(z.get("name"), str))
+        node = e.get("nodeName")
+        eps.append(Endpoint(a, _bool_or(cond.get("ready"), True),
+                            _bool_or(cond.get("serving"), True),
+                            _bool_or(cond.get("terminating"), False),
+                            node if isinstance(node, str) else "", zones, has_hints))
+    ann = _str_map(meta.get("annotations"))
+    weight = 1
+    if ANN_WEIGHT in ann:
+        raw = ann[ANN_WEIGHT].strip()
+        if raw.isdigit() and raw.isascii() and int(raw) <= 65535:
+            weight = int(raw)
+        else:
+            problems.append(bad(f"annotation {ANN_WEIGHT}={ann[ANN_WEIGHT]!r} is not an "
+                                "integer in 0..65535; using 1"))
+    return (EndpointSlice(ns, name, svc, family, tuple(ports), tuple(eps), weight,
+                          ann.get(ANN_TRIGGER_TIME, "")), problems)
+
+
+def parse_node(obj: Mapping[str, Any]) -> tuple[Node | None, list[Problem]]:
+    _, name, meta = _meta(obj)
+    if not name:
+        return None, [Problem("Node", "", "<unnamed>", "metadata.name is required")]
+    labels = _str_map(meta.get("labels"))
+    status = obj.get("status")
+    addrs: list[IPAddress] = []
+    for a in _list(status.get("addresses") if isinstance(status, Mapping) else None):
+        if isinstance(a, Mapping) and a.get("type") in ("InternalIP", "ExternalIP"):
+            ip = _ip(a.get("address"))
+            if ip is not None and ip not in addrs:
+                addrs.append(ip)
+    spec = obj.get("spec")
+    taints = _list(spec.get("taints")) if isinstance(spec, Mapping) else []
+    deleting = bool(meta.get("deletionTimestamp")) or any(
+        isinstance(t, Mapping) and t.get("key") == TAINT_TO_BE_DELETED for t in taints)
+    return Node(name, labels.get(LABEL_ZONE, ""), tuple(addrs), deleting, labels), []

@@ -1,0 +1,127 @@
+"""Fixed things as tables: the kube-proxy ipsets, the iptables chains and the jumps into them.
+
+Names, types and comments are kube-proxy's (pkg/proxy/ipvs/ipset.go, proxier.go), so that
+`ipset list KUBE-CLUSTER-IP` and `iptables-save | grep KUBE-` read as operators expect.
+Setup walks these tables forwards, teardown in reverse (shared/reference/kube-proxy-ipvs.md §1.4,
+§1.5). IPv6 names get `KUBE-6-` and are cut at 31 characters, as kube-proxy does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# ipset set names (IPv4 spelling)
+LOOP_BACK = "KUBE-LOOP-BACK"
+CLUSTER_IP = "KUBE-CLUSTER-IP"
+EXTERNAL_IP = "KUBE-EXTERNAL-IP"
+EXTERNAL_IP_LOCAL = "KUBE-EXTERNAL-IP-LOCAL"
+LOAD_BALANCER = "KUBE-LOAD-BALANCER"
+LOAD_BALANCER_FW = "KUBE-LOAD-BALANCER-FW"
+LOAD_BALANCER_LOCAL = "KUBE-LOAD-BALANCER-LOCAL"
+LB_SOURCE_IP = "KUBE-LOAD-BALANCER-SOURCE-IP"
+LB_SOURCE_CIDR = "KUBE-LOAD-BALANCER-SOURCE-CIDR"
+NODE_PORT_TCP = "KUBE-NODE-PORT-TCP"
+NODE_PORT_LOCAL_TCP = "KUBE-NODE-PORT-LOCAL-TCP"
+NODE_PORT_UDP = "KUBE-NODE-PORT-UDP"
+NODE_PORT_LOCAL_UDP = "KUBE-NODE-PORT-LOCAL-UDP"
+NODE_PORT_SCTP = "KUBE-NODE-PORT-SCTP-HASH"
+NODE_PORT_LOCAL_SCTP = "KUBE-NODE-PORT-LOCAL-SCTP-HASH"
+HEALTH_CHECK_NODE_PORT = "KUBE-HEALTH-CHECK-NODE-PORT"
+IPVS_IPS = "KUBE-IPVS-IPS"
+# ipvsproxy's own: which virtual servers it created (ownership kept in the kernel, no disk).
+OWNED = "IPVSPROXY-OWNED-VS"
+
+
+@dataclass(frozen=True, slots=True)
+class IPSetDef:
+    name: str
+    type: str
+    comment: str
+
+    def name_for(self, family: int) -> str:
+        return family_name(self.name, family)
+
+
+def family_name(name: str, family: int) -> str:
+    if family == 4:
+        return name
+    if name.startswith("KUBE-"):
+        return ("KUBE-6-" + name[len("KUBE-"):])[:31]
+    return (name + "-6")[:31]
+
+
+IPSETS: tuple[IPSetDef, ...] = (
+    IPSetDef(LOOP_BACK, "hash:ip,port,ip",
+             "Kubernetes endpoints dst ip:port, source ip for solving hairpin purpose"),
+    IPSetDef(CLUSTER_IP, "hash:ip,port",
+             "Kubernetes service cluster ip + port for masquerade purpose"),
+    IPSetDef(EXTERNAL_IP, "hash:ip,port",
+             "Kubernetes service external ip + port for masquerade and filter purpose"),
+    IPSetDef(EXTERNAL_IP_LOCAL, "hash:ip,port",
+             "Kubernetes service external ip + port with externalTrafficPolicy=local"),
+    IPSetDef(LOAD_BALANCER, "hash:ip,port", "Kubernetes service lb portal"),
+    IPSetDef(LOAD_BALANCER_FW, "hash:ip,port",
+             "Kubernetes service load balancer ip + port for load balancer with sourceRange"),
+    IPSetDef(LOAD_BALANCER_LOCAL, "hash:ip,port",
+             "Kubernetes service load balancer ip + port with externalTrafficPolicy=local"),
+    IPSetDef(LB_SOURCE_IP, "hash:ip,port,ip",
+             "Kubernetes service load balancer ip + port + source IP for packet filter purpose"),
+    IPSetDef(LB_SOURCE_CIDR, "hash:ip,port,net",
+             "Kubernetes service load balancer ip + port + source cidr for packet filter "
+             "purpose"),
+    IPSetDef(NODE_PORT_TCP, "bitmap:port", "Kubernetes nodeport TCP port for masquerade purpose"),
+    IPSetDef(NODE_PORT_LOCAL_TCP, "bitmap:port",
+             "Kubernetes nodeport TCP port with externalTrafficPolicy=local"),
+    IPSetDef(NODE_PORT_UDP, "bitmap:port", "Kubernetes nodeport UDP port for masquerade purpose"),
+    IPSetDef(NODE_PORT_LOCAL_UDP, "bitmap:port",
+             "Kubernetes nodeport UDP port with externalTrafficPolicy=local"),
+    IPSetDef(NODE_PORT_SCTP, "hash:ip,port",
+             "Kubernetes nodeport SCTP port for masquerade purpose with type 'hash ip:port'"),
+    IPSetDef(NODE_PORT_LOCAL_SCTP, "hash:ip,port",
+             "Kubernetes nodeport SCTP port with externalTrafficPolicy=local with type "
+             "'hash ip:port'"),
+    IPSetDef(HEALTH_CHECK_NODE_PORT, "bitmap:port", "Kubernetes health check node port"),
+    IPSetDef(IPVS_IPS, "hash:ip", "Addresses on the ipvs interface"),
+)
+IPSET_BY_NAME = {d.name: d for d in IPSETS}
+OWNED_SET = IPSetDef(OWNED, "hash:ip,port", "virtual servers created by ipvsproxy")
+
+# Chains: (table, chain). Declared in this order in the restore payload.
+NAT_CHAINS = ("KUBE-SERVICES", "KUBE-POSTROUTING", "KUBE-NODE-PORT", "KUBE-LOAD-BALANCER",
+              "KUBE-MARK-MASQ")
+FILTER_CHAINS = ("KUBE-FORWARD", "KUBE-NODE-PORT", "KUBE-PROXY-FIREWALL",
+                 "KUBE-SOURCE-RANGES-FIREWALL", "KUBE-IPVS-FILTER", "KUBE-IPVS-OUT-FILTER")
+
+
+@dataclass(frozen=True, slots=True)
+class Jump:
+    table: str
+    chain: str  # built-in chain
+    target: str
+    comment: str
+
+    def rule(self) -> list[str]:
+        return ["-m", "comment", "--comment", self.comment, "-j", self.target]
+
+
+# kube-proxy inserts each with `iptables -I` when missing (so later ones end up above).
+JUMPS: tuple[Jump, ...] = (
+    Jump("nat", "OUTPUT", "KUBE-SERVICES", "kubernetes service portals"),
+    Jump("nat", "PREROUTING", "KUBE-SERVICES", "kubernetes service portals"),
+    Jump("nat", "POSTROUTING", "KUBE-POSTROUTING", "kubernetes postrouting rules"),
+    Jump("filter", "FORWARD", "KUBE-FORWARD", "kubernetes forwarding rules"),
+    Jump("filter", "INPUT", "KUBE-NODE-PORT", "kubernetes health check rules"),
+    Jump("filter", "INPUT", "KUBE-PROXY-FIREWALL", "kube-proxy firewall rules"),
+    Jump("filter", "FORWARD", "KUBE-PROXY-FIREWALL", "kube-proxy firewall rules"),
+    Jump("filter", "INPUT", "KUBE-IPVS-FILTER", "kubernetes ipvs access filter"),
+    Jump("filter", "OUTPUT", "KUBE-IPVS-OUT-FILTER", "kubernetes ipvs access filter"),
+)
+
+SYSCTLS: tuple[tuple[str, str], ...] = (
+    ("net/ipv4/vs/conntrack", "1"),
+    ("net/ipv4/vs/expire_nodest_conn", "1"),
+    ("net/ipv4/vs/expire_quiescent_template", "1"),
+    ("net/ipv4/ip_forward", "1"),
+)
+STRICT_ARP_SYSCTLS = (("net/ipv4/conf/all/arp_ignore", "1"),
+                      ("net/ipv4/conf/all/arp_announce", "2"))
