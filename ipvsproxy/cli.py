@@ -9,7 +9,6 @@ from collections.abc import Sequence
 from types import ModuleType
 
 from ipvsproxy import __version__
-from ipvsproxy.logsetup import setup_logging
 
 # name -> (module, one-line help). The module holds the description, flags and the work.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
@@ -74,8 +73,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    setup_logging(args.verbosity, args.log_format)
     module = _load(args.command)
+    if getattr(module, "LOGS", True):
+        # structlog pulls in asyncio: seconds under emulation. Listing commands skip it.
+        from ipvsproxy.logsetup import setup_logging
+
+        setup_logging(args.verbosity, args.log_format)
     try:
         rc: int = module.run(args)
     except CliError as exc:

@@ -61,6 +61,7 @@ class _GuestRecorder:
         path.write_text(json.dumps({"meta": meta, "reports": self.reports}))
 
 
+@pytest.hookimpl(trylast=True)  # after -k / -m deselection, so only selected tests go
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # Keep kernel tests together at the end, so the one boot happens after the fast tests.
     if not IN_LAB:

@@ -11,6 +11,7 @@ import socket
 from dataclasses import dataclass, field
 from enum import IntEnum
 from ipaddress import IPv4Address, IPv6Address
+from typing import NamedTuple
 
 IPAddress = IPv4Address | IPv6Address
 
@@ -117,9 +118,12 @@ class RealServer:
         return AF_INET6 if self.key.addr.version == 6 else AF_INET
 
 
-@dataclass(frozen=True, slots=True)
-class Stats:
-    """IPVS counters (64-bit) and rates, as the kernel's IPVS_*_ATTR_STATS64 carries them."""
+class Stats(NamedTuple):
+    """IPVS counters (64-bit) and rates, as the kernel's IPVS_*_ATTR_STATS64 carries them.
+
+    A NamedTuple, not a dataclass: one is built per real server on every dump, and a tuple is
+    built in C (immutable all the same).
+    """
 
     conns: int = 0
     inpkts: int = 0

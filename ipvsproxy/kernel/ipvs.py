@@ -1,7 +1,7 @@
 """IPVS over generic netlink: observe (dump) and apply (batched, pipelined) virtual/real servers.
 
-The family id comes from pyroute2's generic-netlink resolution; requests and replies go through a
-plain AF_NETLINK socket with the codec in ipvs_codec.py, because pyroute2's per-call path costs
+The family id comes from the kernel's genl controller; requests and replies go through a plain
+AF_NETLINK socket with the codec in ipvs_codec.py, because pyroute2's per-call path costs
 ~280 us of Python per message and one round trip per operation.
 
 Batching: many requests are written in one send(); the kernel handles each in turn inside that
@@ -41,6 +41,10 @@ SO_RCVBUFFORCE = 33
 SO_SNDBUFFORCE = 32
 BATCH = 256  # requests per send(); each ack needs ~1 KiB of receive buffer (skb truesize)
 RCVBUF = 8 << 20
+GENL_ID_CTRL = 0x10
+CTRL_CMD_GETFAMILY = 3
+CTRL_ATTR_FAMILY_ID = 1
+CTRL_ATTR_FAMILY_NAME = 2
 _RECV = 1 << 20
 
 
@@ -68,23 +72,45 @@ class IpvsError(Exception):
 
 
 def resolve_family() -> int:
-    """The IPVS generic-netlink family id (the kernel loads ip_vs on first lookup if it can)."""
-    from pyroute2.netlink.generic import GenericNetlinkSocket
-    from pyroute2.netlink.generic.ipvs import ipvsmsg
+    """The IPVS generic-netlink family id, asked of the kernel's genl controller.
 
-    gs = GenericNetlinkSocket()
-    try:
-        gs.bind("IPVS", ipvsmsg)
-        return int(gs.prid)
-    except Exception as exc:  # pyroute2 raises NetlinkError or others for a missing family
-        raise IpvsUnavailable(f"IPVS generic netlink family not available: {exc}") from exc
-    finally:
-        gs.close()
+    One CTRL_CMD_GETFAMILY request on a raw socket: pyroute2's resolution gives the same id
+    (tested in the lab) but importing it and starting its socket machinery costs seconds under
+    emulation and ~100 ms on hardware, which `ipvsproxy ls` cannot afford. The kernel loads
+    ip_vs on this lookup if it can (genl_ctrl request_module of the family alias).
+    """
+    with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_GENERIC) as s:
+        s.bind((0, 0))
+        s.settimeout(10.0)
+        name = c._nla(CTRL_ATTR_FAMILY_NAME, b"IPVS\0")
+        s.send(c.message(GENL_ID_CTRL, CTRL_CMD_GETFAMILY, c.NLM_F_REQUEST | c.NLM_F_ACK, 1, name))
+        while True:
+            for mtype, _flags, _seq, payload in c.iter_messages(s.recv(65536)):
+                if mtype == c.NLMSG_ERROR:
+                    err = c.error_code(payload)
+                    if err:
+                        raise IpvsUnavailable(
+                            f"the kernel has no IPVS generic netlink family ({os.strerror(err)}); "
+                            "is the ip_vs module available?")
+                elif mtype == GENL_ID_CTRL:
+                    fid = c.attrs(payload[4:]).get(CTRL_ATTR_FAMILY_ID)
+                    if fid is not None and len(fid) >= 2:
+                        return int(c._U16.unpack_from(fid)[0])
 
 
-def _encode(op: IpvsOp, family: int, seq: int) -> bytes:
+def _encode(op: IpvsOp, family: int, seq: int,
+            keys: dict[ServiceKey, bytes] | None = None) -> bytes:
     flags = c.NLM_F_REQUEST | c.NLM_F_ACK
     kind = op.kind
+    if keys is not None and op.dest is not None and op.service is not None:
+        # A service's key attributes repeat in every one of its real-server ops: encode once.
+        skey = keys.get(op.service.key)
+        if skey is None:
+            skey = keys[op.service.key] = c.nested(c.A_SERVICE,
+                                                   c.service_key_attrs(op.service.key))
+        dest = (c.dest_key_attrs(op.dest.key) if kind == OpKind.DEL_DEST
+                else c.dest_attrs(op.dest))
+        return c.message(family, int(kind), flags, seq, skey + c.nested(c.A_DEST, dest))
     if kind in (OpKind.ADD_SERVICE, OpKind.EDIT_SERVICE):
         assert op.service is not None
         body = c.nested(c.A_SERVICE, c.service_attrs(op.service))
@@ -137,6 +163,7 @@ class IpvsClient:
         self.sock.bind((0, 0))
         self.sock.settimeout(30.0)
         self._seq = 0
+        self._decoder = c.DumpDecoder()
 
     def close(self) -> None:
         self.sock.close()
@@ -157,6 +184,7 @@ class IpvsClient:
     def apply(self, ops: Sequence[IpvsOp], batch: int = BATCH) -> list[IpvsError]:
         """Apply ops in order, pipelined in batches. Returns the failures (empty: all applied)."""
         failures: list[IpvsError] = []
+        keys: dict[ServiceKey, bytes] = {}
         for start in range(0, len(ops), batch):
             chunk = ops[start:start + batch]
             pending: dict[int, IpvsOp] = {}
@@ -164,7 +192,7 @@ class IpvsClient:
             for op in chunk:
                 seq = self._next_seq()
                 pending[seq] = op
-                parts.append(_encode(op, self.family, seq))
+                parts.append(_encode(op, self.family, seq, keys))
             self.sock.send(b"".join(parts))
             while pending:
                 buf = self._recv()
@@ -216,8 +244,8 @@ class IpvsClient:
 
     def dests(self, key: ServiceKey) -> tuple[ObservedDest, ...]:
         attrs = c.nested(c.A_SERVICE, c.service_key_attrs(key))
-        return tuple(c.decode_dest(p, key.af)
-                     for p in self._request(c.CMD_GET_DEST, attrs, dump=True))
+        dec = self._decoder
+        return tuple(dec.dest(p, key.af) for p in self._request(c.CMD_GET_DEST, attrs, dump=True))
 
     def dump(self, stats: bool = True) -> list[ObservedService]:
         """Every virtual server with its real servers, counters and rates, in kernel order."""

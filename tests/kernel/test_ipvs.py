@@ -318,3 +318,17 @@ def test_info_timeouts_zero_flush(clean_ipvs: None) -> None:
         client.zero()
         client.flush()
         assert client.dump() == []
+
+
+def test_family_resolution_agrees_with_pyroute2(ipvs_modules: None) -> None:
+    from pyroute2.netlink.generic import GenericNetlinkSocket
+    from pyroute2.netlink.generic.ipvs import ipvsmsg
+
+    from ipvsproxy.kernel.ipvs import resolve_family
+
+    gs = GenericNetlinkSocket()
+    try:
+        gs.bind("IPVS", ipvsmsg)
+        assert resolve_family() == gs.prid
+    finally:
+        gs.close()

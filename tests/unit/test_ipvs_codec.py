@@ -220,3 +220,37 @@ def test_truncated_dump_reply_is_a_decode_error(cut: int) -> None:
     with pytest.raises(c.DecodeError):
         for _t, _f, _s, p in c.iter_messages(msg[:-cut]):
             c.decode_service(p)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(dests(), min_size=1, max_size=6), st.integers(0, 2**32 - 1))
+def test_fast_dump_decoder_equals_generic(rss: list[RealServer], active: int) -> None:
+    dec = c.DumpDecoder()
+    for rs in rss * 2:  # the second round goes through learned layouts
+        attrs = [*_pr_dest(rs), ("IPVS_DEST_ATTR_ACTIVE_CONNS", active),
+                 ("IPVS_DEST_ATTR_STATS64", STATS64)]
+        payload = _reply(8, [("IPVS_CMD_ATTR_DEST", {"attrs": attrs})])
+        assert dec.dest(payload, AF_INET) == c.decode_dest(payload, AF_INET)
+
+
+def test_fast_dump_decoder_falls_back_on_a_different_shape() -> None:
+    dec = c.DumpDecoder()
+    rs = RealServer(DestKey(IPv4Address("10.0.0.1"), 80), weight=5)
+    full = [*_pr_dest(rs), ("IPVS_DEST_ATTR_STATS64", STATS64)]
+    # same length, different attribute order: the header check must catch it
+    swapped = [full[1], full[0], *full[2:]]
+    for attrs in (full, swapped, full):
+        payload = _reply(8, [("IPVS_CMD_ATTR_DEST", {"attrs": attrs})])
+        assert dec.dest(payload, AF_INET) == c.decode_dest(payload, AF_INET)
+
+
+@settings(max_examples=100, deadline=None)
+@given(services(), st.lists(dests(), min_size=1, max_size=4))
+def test_key_cache_encodes_the_same_bytes(vs: VirtualServer, rss: list[RealServer]) -> None:
+    from ipvsproxy.kernel.ipvs import _encode
+
+    cache: dict[ServiceKey, bytes] = {}
+    for kind in (OpKind.ADD_DEST, OpKind.EDIT_DEST, OpKind.DEL_DEST):
+        for i, rs in enumerate(rss):
+            op = IpvsOp(kind, service=vs, dest=rs)
+            assert _encode(op, FAMILY, i + 1, cache) == encode_op(op, FAMILY, i + 1)

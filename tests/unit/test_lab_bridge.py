@@ -95,3 +95,10 @@ def test_lab_that_cannot_boot_fails_loudly(
     out = res.stdout.str()
     assert "kernel lab could not boot or finish" in out
     assert "apt-get download linux-image-0.0.0-0-nonexistent-amd64 failed" in out
+
+
+def test_only_selected_kernel_tests_go_to_the_guest(pytester: pytest.Pytester) -> None:
+    _project(pytester, STANDIN)
+    res = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-k", "k_pass")
+    res.assert_outcomes(passed=1, deselected=3)
+    assert "booting to run 1 kernel test(s)" in res.stdout.str()

@@ -1,0 +1,175 @@
+"""Kernel-layer benchmarks, run inside the lab: ipvsproxy next to the C tools, same guest run.
+
+Software emulation makes absolute times meaningless, so every figure is a ratio to the C tool
+doing the same kernel work in the same boot. Each timing is the best of `--repeat` runs.
+
+    python -m bench.kernel_bench [--services 2000] [--dests 10] [--entries 50000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from ipaddress import IPv4Address
+from pathlib import Path
+
+from ipvsproxy.core.ipvs import (
+    DestKey,
+    IpvsOp,
+    OpKind,
+    Protocol,
+    RealServer,
+    ServiceKey,
+    VirtualServer,
+)
+from ipvsproxy.kernel.ipvs import IpvsClient
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def rules(n_services: int, n_dests: int) -> list[tuple[VirtualServer, list[RealServer]]]:
+    out = []
+    for i in range(n_services):
+        proto = Protocol.UDP if i % 10 == 9 else Protocol.TCP
+        vs = VirtualServer(ServiceKey.inet(proto, IPv4Address(0x0A600000 + i), 80 + i % 3),
+                           "rr", 0x1 if i % 7 == 0 else 0, 10800 if i % 7 == 0 else 0)
+        ds = [RealServer(DestKey(IPv4Address(0x0AF40000 + i * n_dests + j), 8080))
+              for j in range(n_dests)]
+        out.append((vs, ds))
+    return out
+
+
+def ops(rs: list[tuple[VirtualServer, list[RealServer]]]) -> list[IpvsOp]:
+    out = []
+    for vs, ds in rs:
+        out.append(IpvsOp(OpKind.ADD_SERVICE, service=vs))
+        out.extend(IpvsOp(OpKind.ADD_DEST, service=vs, dest=d) for d in ds)
+    return out
+
+
+def restore_text(rs: list[tuple[VirtualServer, list[RealServer]]]) -> str:
+    lines = []
+    for vs, ds in rs:
+        flag = "-u" if vs.key.protocol == Protocol.UDP else "-t"
+        sel = f"{flag} {vs.key.addr}:{vs.key.port}"
+        lines.append(f"-A {sel} -s rr" + (" -p 10800" if vs.flags & 1 else ""))
+        lines.extend(f"-a {sel} -r {d.key.addr}:{d.key.port} -m -w 1" for d in ds)
+    return "\n".join(lines) + "\n"
+
+
+def sh(cmd: str, stdin: str | None = None) -> None:
+    subprocess.run(cmd, shell=True, input=stdin, text=True, check=True,
+                   stdout=subprocess.DEVNULL)
+
+
+def best(fn: Callable[[], object], repeat: int,
+         before: Callable[[], object] | None = None) -> float:
+    times = []
+    for _ in range(repeat):
+        if before:
+            before()
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return min(times)
+
+
+def ipset_lines(name: str, n: int) -> list[str]:
+    return [f"add {name} {IPv4Address(0x0A600000 + i // 4)},tcp:{80 + i % 4}" for i in range(n)]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--services", type=int, default=2000)
+    ap.add_argument("--dests", type=int, default=10)
+    ap.add_argument("--entries", type=int, default=50000)
+    ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
+    args = ap.parse_args()
+    sh("modprobe -a ip_vs ip_vs_rr")
+    rs = rules(args.services, args.dests)
+    the_ops = ops(rs)
+    text = restore_text(rs)
+    n_ops = len(the_ops)
+    results = []
+
+    def row(figure: str, ours: float, ref: float, ref_name: str, target: float) -> None:
+        ratio = ours / ref
+        results.append({"figure": figure, "ipvsproxy_s": round(ours, 3), "reference": ref_name,
+                        "reference_s": round(ref, 3), "ratio": round(ratio, 3),
+                        "target": target, "met": ratio <= target})
+        print(f"measured: {figure}: {ours:.3f}s vs {ref_name} {ref:.3f}s", flush=True)
+
+    def clear() -> None:
+        sh("ipvsadm -C")
+
+    def program_ours() -> None:
+        with IpvsClient() as c:
+            failures = c.apply(the_ops)
+        assert not failures, failures[:3]
+
+    ours = best(program_ours, args.repeat, clear)
+    ref = best(lambda: sh("ipvsadm -R", text), args.repeat, clear)
+    row(f"program {args.services} VS x {args.dests} RS ({n_ops} ops)", ours, ref, "ipvsadm -R", 1.0)
+
+    # table is now loaded (by ipvsadm -R); observe it
+    def dump() -> None:
+        with IpvsClient() as c:
+            assert len(c.dump()) == args.services
+
+    ours = best(dump, args.repeat)
+    row("observe: full dump with stats", ours, best(lambda: sh("ipvsadm -Sn"), args.repeat),
+        "ipvsadm -Sn", 1.0)
+    row("observe: full dump with stats", ours, best(lambda: sh("ipvsadm -Ln"), args.repeat),
+        "ipvsadm -Ln", 1.0)
+    ls = f"{sys.executable} -m ipvsproxy ls -n"
+    row("ls -n (whole process)", best(lambda: sh(ls), args.repeat),
+        best(lambda: sh("ipvsadm -Ln"), args.repeat), "ipvsadm -Ln", 1.5)
+    clear()
+
+    from ipvsproxy.core.ipset_text import Family, SetSpec, SetType
+    from ipvsproxy.kernel.ipset import IPSets
+
+    spec = SetSpec("BENCH-CLUSTER-IP", SetType.HASH_IP_PORT, Family.INET,
+                   maxelem=max(65536, args.entries * 2))
+    entries = [line.split(" ", 2)[2] for line in ipset_lines(spec.name, args.entries)]
+
+    def ipset_reset() -> None:
+        sh(f"ipset destroy {spec.name} 2>/dev/null || true")
+        sh(f"ipset create {spec.name} hash:ip,port family inet hashsize 1024 "
+           f"maxelem {spec.maxelem}")
+
+    def ipset_ours() -> None:
+        with IPSets() as s:
+            s.add(spec.name, entries)
+
+    ours = best(ipset_ours, args.repeat, ipset_reset)
+    restore_in = "\n".join(ipset_lines(spec.name, args.entries)) + "\n"
+    ref = best(lambda: sh("ipset restore", restore_in), args.repeat, ipset_reset)
+    row(f"ipset bulk load {args.entries} entries", ours, ref, "ipset restore", 1.2)
+    sh(f"ipset destroy {spec.name}")
+
+    kernel = os.uname().release
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%dT%H%M%S")
+    doc = {"kernel": kernel, "host_kernel": os.environ.get("HOST_KERNEL_RELEASE", ""),
+           "emulated": True, "results": results}
+    (out / f"kernel-{stamp}.json").write_text(json.dumps(doc, indent=2) + "\n")
+    print(f"\nkernel layer benchmarks, kernel {kernel} (software emulation; ratios only)\n")
+    print(f"{'figure':44} {'ipvsproxy':>10} {'reference':>14} {'ref s':>8} {'ratio':>6} "
+          f"{'target':>6}  met?")
+    for r in results:
+        print(f"{r['figure']:44} {r['ipvsproxy_s']:>9.3f}s {r['reference']:>14} "
+              f"{r['reference_s']:>7.3f}s {r['ratio']:>6.2f} {r['target']:>6}  "
+              f"{'yes' if r['met'] else 'NO'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
