@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 PYTHON ?= python3
 CMD ?= uname -r; modprobe ip_vs && ipvsadm -Ln
 
-.PHONY: setup host-packages venv kernel lint types unit test demo lab clean
+.PHONY: setup host-packages venv kernel lint types unit test demo lab bench clean
 
 setup: host-packages venv kernel
 
@@ -41,6 +41,12 @@ test: setup lint types
 
 demo: setup
 	$(PY) -m integration.vm.lab -- bash integration/vm/demo.sh
+
+# Benchmarks (not tests): ipvsproxy next to the C tools in one lab run; JSON in bench/results/.
+bench: setup
+	@mkdir -p bench/results
+	$(PY) -m integration.vm.lab --timeout 3000 --rwdir bench/results -- \
+		'python -m bench.kernel_bench $(BENCH_ARGS)'
 
 # Run any command inside the lab guest: make lab CMD='ipvsadm -Ln'
 lab: setup

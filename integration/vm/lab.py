@@ -194,7 +194,12 @@ def run(
         vng_log: list[str] = []
         reader = threading.Thread(target=lambda: vng_log.extend(proc.stdout or []), daemon=True)
         reader.start()
-        boot = _wait(proc, w, start, timeout, stream)
+        try:
+            boot = _wait(proc, w, start, timeout, stream)
+        finally:
+            if proc.poll() is None:  # interrupted: never leave a qemu behind
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
         reader.join(timeout=5)
         total = time.monotonic() - start
         output = (w / "output").read_text(errors="replace") if (w / "output").exists() else ""
@@ -241,7 +246,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("command", nargs="*", help="shell command to run in the guest")
     parser.add_argument("--timeout", type=float, default=1800.0)
     parser.add_argument("--fetch-only", action="store_true", help="only fetch and cache the kernel")
+    parser.add_argument("--rwdir", action="append", default=[], type=Path,
+                        help="a host folder the guest may write into (writes elsewhere vanish)")
     args = parser.parse_args(argv)
+    # SIGTERM (timeout(1), CI cancellation) unwinds like Ctrl-C, so run() kills the guest.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if not args.command and not args.fetch_only:
         parser.error("a command is required (or --fetch-only)")
     try:
@@ -249,7 +258,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.fetch_only:
             print(f"lab kernel {kernel.version} cached in {kernel.vmlinuz.parent.parent}")
             return 0
-        res = run(" ".join(args.command), timeout=args.timeout, stream=True, kernel=kernel)
+        res = run(" ".join(args.command), timeout=args.timeout, stream=True, kernel=kernel,
+                  extra_rwdirs=[d.resolve() for d in args.rwdir])
     except LabError as exc:
         print(f"lab: {exc}", file=sys.stderr)
         return 3
