@@ -1,0 +1,176 @@
+"""The `kube-ipvs0` dummy link: make it exist, list, add and remove its /32 and /128 addresses.
+
+As kube-proxy does: the link is a `dummy` that is never set up; every virtual IP is bound to it
+as a full-length host address so the kernel accepts packets for it and IPVS can take them.
+Adds and removes are idempotent (an address already there, or already gone, is not an error).
+
+Batching: pyroute2's `addr()` costs ~0.2 ms of Python per call (argument processing, one round
+trip each). Here the RTM_NEWADDR/RTM_DELADDR messages are built directly and written many per
+send() with `nlm_request_batch`; the kernel handles and acknowledges each message of the buffer
+in turn. Failures are not raised from inside a batch (that would lose the other answers); the
+requests that got no positive ack are retried one by one, which gives the real error. A failed
+delete of an address that a dump shows is already gone is the idempotent case, not an error.
+"""
+
+from __future__ import annotations
+
+import errno
+import socket
+from collections.abc import Iterable, Sequence
+from ipaddress import IPv4Address, IPv6Address, ip_address
+from types import TracebackType
+from typing import Any
+
+from pyroute2 import IPRoute
+from pyroute2.netlink import NLM_F_ACK, NLM_F_CREATE, NLM_F_REPLACE, NLM_F_REQUEST
+from pyroute2.netlink.exceptions import NetlinkError
+from pyroute2.netlink.rtnl import RTM_DELADDR, RTM_NEWADDR
+from pyroute2.netlink.rtnl.ifaddrmsg import ifaddrmsg
+
+IPAddress = IPv4Address | IPv6Address
+
+KUBE_IPVS0 = "kube-ipvs0"
+# Requests per send(). Each answer waits in the socket's receive buffer until read (an error
+# answer echoes the request, ~100 bytes); 256 keeps a batch far below the 1 MiB buffer, so no
+# answer is dropped (a dropped answer would leave pyroute2 waiting forever).
+BATCH = 256
+
+
+class DummyLinkError(Exception):
+    """The link is missing, is not a dummy, or an address operation failed."""
+
+
+class DummyLink:
+    """One link (default kube-ipvs0) and an IPRoute socket. Not thread-safe; one per thread."""
+
+    def __init__(self, name: str = KUBE_IPVS0) -> None:
+        self.name = name
+        self._ipr: Any = IPRoute()
+
+    def close(self) -> None:
+        self._ipr.close()
+
+    def __enter__(self) -> DummyLink:
+        return self
+
+    def __exit__(self, t: type[BaseException] | None, v: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    # ---- the link ------------------------------------------------------------------------
+
+    def index(self) -> int | None:
+        found = self._ipr.link_lookup(ifname=self.name)
+        return int(found[0]) if found else None
+
+    def ensure(self) -> int:
+        """Create the dummy link if missing (left down, as kube-proxy leaves it); its ifindex.
+        A link of that name that is not a dummy is an error: never take over a real device."""
+        idx = self.index()
+        if idx is None:
+            try:
+                self._ipr.link("add", ifname=self.name, kind="dummy")
+            except NetlinkError as exc:
+                if exc.code != errno.EEXIST:  # EEXIST: someone else just created it
+                    raise DummyLinkError(f"cannot create dummy link {self.name}: {exc}") from exc
+            idx = self.index()
+            if idx is None:
+                raise DummyLinkError(f"{self.name} vanished right after it was created")
+        (link,) = self._ipr.get_links(idx)
+        info = link.get_attr("IFLA_LINKINFO")
+        kind = info.get_attr("IFLA_INFO_KIND") if info is not None else None
+        if kind != "dummy":
+            raise DummyLinkError(f"{self.name} exists but is a {kind or 'plain'} link, not dummy")
+        return idx
+
+    def delete(self) -> bool:
+        """Delete the link (cleanup); False if it did not exist."""
+        idx = self.index()
+        if idx is None:
+            return False
+        try:
+            self._ipr.link("del", index=idx)
+        except NetlinkError as exc:
+            if exc.code == errno.ENODEV:
+                return False
+            raise DummyLinkError(f"cannot delete {self.name}: {exc}") from exc
+        return True
+
+    def _required_index(self) -> int:
+        idx = self.index()
+        if idx is None:
+            raise DummyLinkError(f"link {self.name} does not exist")
+        return idx
+
+    # ---- addresses -----------------------------------------------------------------------
+
+    def addresses(self, version: int | None = None) -> frozenset[IPAddress]:
+        """The link's addresses of any prefix length, IPv6 link-local excluded: the kernel adds
+        those by itself when a link goes up, they are never ours. (IPv4 169.254/16 is never
+        automatic, so one found here was put here and is listed.)"""
+        idx = self._required_index()
+        family = {None: socket.AF_UNSPEC, 4: socket.AF_INET, 6: socket.AF_INET6}[version]
+        out: set[IPAddress] = set()
+        for msg in self._ipr.get_addr(family=family, index=idx):
+            addr = ip_address(msg.get_attr("IFA_ADDRESS"))
+            if not (addr.version == 6 and addr.is_link_local):
+                out.add(addr)
+        return frozenset(out)
+
+    def add(self, addrs: Iterable[IPAddress]) -> None:
+        """Bind each address as /32 or /128; present ones are replaced in place (no error)."""
+        todo = sorted(set(addrs), key=lambda a: (a.version, a))
+        for a in todo:
+            if a.version == 6 and a.is_link_local:
+                raise DummyLinkError(f"{a} is link-local; it would never be listed or removed")
+        self._batch(RTM_NEWADDR, NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_REPLACE, todo)
+
+    def remove(self, addrs: Iterable[IPAddress]) -> None:
+        """Unbind each /32 or /128 address; absent ones are not an error."""
+        todo = sorted(set(addrs), key=lambda a: (a.version, a))
+        self._batch(RTM_DELADDR, NLM_F_REQUEST | NLM_F_ACK, todo)
+
+    def _msg(self, idx: int, addr: IPAddress, mtype: int, flags: int) -> Any:
+        msg = ifaddrmsg()
+        msg["family"] = socket.AF_INET if addr.version == 4 else socket.AF_INET6
+        msg["prefixlen"] = addr.max_prefixlen
+        msg["index"] = idx
+        text = str(addr)
+        # IPv4 needs IFA_LOCAL (the address) and IFA_ADDRESS (the peer, here the same); IPv6
+        # takes IFA_ADDRESS alone (a differing IFA_LOCAL would make it a peer address).
+        msg["attrs"] = [("IFA_LOCAL", text), ("IFA_ADDRESS", text)] if addr.version == 4 \
+            else [("IFA_ADDRESS", text)]
+        msg["header"]["type"] = mtype
+        msg["header"]["flags"] = flags
+        return msg
+
+    def _batch(self, mtype: int, flags: int, addrs: Sequence[IPAddress]) -> None:
+        if not addrs:
+            return
+        idx = self._required_index()
+        failed: list[IPAddress] = []
+        for start in range(0, len(addrs), BATCH):
+            chunk = addrs[start:start + BATCH]
+            msgs = [self._msg(idx, a, mtype, flags) for a in chunk]
+            # noraise: answers come back in order, errors are simply not among them; the
+            # sequence numbers pyroute2 stamped on our messages tell which ones were acked.
+            acks = self._ipr.nlm_request_batch(msgs, noraise=True)
+            ok = {m["header"]["sequence_number"] for m in acks if m.get("error", 0) == 0}
+            failed += [a for a, m in zip(chunk, msgs, strict=True)
+                       if m["header"]["sequence_number"] not in ok]
+        if failed and mtype == RTM_DELADDR:
+            # Most failed deletes are addresses already gone; one dump sorts them out.
+            present = self.addresses()
+            failed = [a for a in failed if a in present]
+        for a in failed:
+            self._one(idx, a, mtype)
+
+    def _one(self, idx: int, addr: IPAddress, mtype: int) -> None:
+        cmd = "replace" if mtype == RTM_NEWADDR else "del"
+        try:
+            self._ipr.addr(cmd, index=idx, address=str(addr), prefixlen=addr.max_prefixlen)
+        except NetlinkError as exc:
+            if cmd == "del" and exc.code == errno.EADDRNOTAVAIL:
+                return  # already gone: removing is idempotent
+            raise DummyLinkError(f"{cmd} {addr}/{addr.max_prefixlen} on {self.name}: "
+                                 f"{exc}") from exc

@@ -1,0 +1,149 @@
+"""The kube-ipvs0 dummy link in a real kernel: created down, addresses added and removed
+idempotently in both families, with `ip addr show dev kube-ipvs0` as the oracle."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterator
+from ipaddress import IPv4Address, IPv6Address, ip_address
+from pathlib import Path
+
+import pytest
+from pyroute2 import IPRoute
+
+from ipvsproxy.kernel.dummy import KUBE_IPVS0, DummyLink, DummyLinkError
+from tests.kernel.conftest import sh
+
+pytestmark = pytest.mark.kernel
+
+
+@pytest.fixture
+def link() -> Iterator[DummyLink]:
+    sh(f"ip link del {KUBE_IPVS0}", check=False)
+    with DummyLink() as d:
+        try:
+            yield d
+        finally:
+            sh(f"ip link del {KUBE_IPVS0}", check=False)
+    assert sh(f"ip link show {KUBE_IPVS0}", check=False) == ""
+
+
+def oracle() -> set[str]:
+    """Addresses as `ip addr show` prints them: {"10.96.0.1/32", "2001:db8::1/128", ...}."""
+    out = sh(f"ip -o addr show dev {KUBE_IPVS0}")
+    return set(re.findall(r"\binet6? (\S+)", out))
+
+
+def test_ensure_creates_a_dummy_left_down(link: DummyLink) -> None:
+    assert link.index() is None
+    idx = link.ensure()
+    out = sh(f"ip -d link show {KUBE_IPVS0}")
+    assert f"{idx}: {KUBE_IPVS0}:" in out
+    assert "dummy" in out
+    flags = re.search(r"<([^>]*)>", out)
+    assert flags and "UP" not in flags.group(1).split(",")
+    assert link.ensure() == idx  # idempotent
+    assert link.addresses() == frozenset()
+
+
+def test_add_list_remove_both_families_idempotent(link: DummyLink) -> None:
+    link.ensure()
+    v4 = [IPv4Address("10.96.0.1"), IPv4Address("10.96.0.10"), IPv4Address("192.168.7.7")]
+    v6 = [IPv6Address("2001:db8::1"), IPv6Address("fd00:10:96::a")]
+    link.add(v4 + v6)
+    assert oracle() == {"10.96.0.1/32", "10.96.0.10/32", "192.168.7.7/32",
+                        "2001:db8::1/128", "fd00:10:96::a/128"}
+    assert link.addresses() == frozenset(v4 + v6)
+    assert link.addresses(4) == frozenset(v4)
+    assert link.addresses(6) == frozenset(v6)
+
+    link.add(v4 + v6)  # again: no error, no duplicates
+    link.add([v4[0], v4[0]])
+    assert sh(f"ip -o addr show dev {KUBE_IPVS0}").count("10.96.0.1/32") == 1
+    assert link.addresses() == frozenset(v4 + v6)
+
+    missing = [IPv4Address("10.96.0.99"), IPv6Address("2001:db8::99")]
+    link.remove([v4[1], v6[0], *missing])  # two present, two never there
+    assert oracle() == {"10.96.0.1/32", "192.168.7.7/32", "fd00:10:96::a/128"}
+    link.remove([v4[1], v6[0]])  # again: no error
+    link.remove(v4 + v6)
+    assert oracle() == set()
+    assert link.addresses() == frozenset()
+
+
+def test_addresses_put_there_by_others_are_listed_link_local_is_not(link: DummyLink) -> None:
+    link.ensure()
+    sh(f"ip addr add 10.1.2.3/24 dev {KUBE_IPVS0}")
+    sh(f"ip addr add fe80::1/64 dev {KUBE_IPVS0}")
+    sh(f"ip addr add 2001:db8::5/128 dev {KUBE_IPVS0}")
+    assert link.addresses() == {IPv4Address("10.1.2.3"), IPv6Address("2001:db8::5")}
+    with pytest.raises(DummyLinkError, match="link-local"):
+        link.add([ip_address("fe80::2")])
+
+
+def test_missing_link_is_an_error_and_delete_is_idempotent(link: DummyLink) -> None:
+    with pytest.raises(DummyLinkError, match="does not exist"):
+        link.addresses()
+    with pytest.raises(DummyLinkError, match="does not exist"):
+        link.add([IPv4Address("10.96.0.1")])
+    link.remove([])  # nothing to do needs no link
+    link.ensure()
+    link.add([IPv4Address("10.96.0.1")])
+    assert link.delete() is True
+    assert sh(f"ip link show {KUBE_IPVS0}", check=False) == ""
+    assert link.delete() is False
+
+
+def test_a_link_of_that_name_that_is_not_a_dummy_is_refused() -> None:
+    name = "ipvsp-br0"
+    sh(f"ip link add {name} type bridge")
+    try:
+        with DummyLink(name) as d, pytest.raises(DummyLinkError, match="bridge"):
+            d.ensure()
+    finally:
+        sh(f"ip link del {name}")
+
+
+def test_1000_addresses(link: DummyLink, tmp_path: Path) -> None:
+    link.ensure()
+    v4 = [IPv4Address("10.96.0.0") + i + 1 for i in range(1000)]
+    v6 = [IPv6Address("fd00:10:96::") + i + 1 for i in range(1000)]
+
+    t0 = time.perf_counter()
+    link.add(v4)
+    t_add4 = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    link.add(v6)
+    t_add6 = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    link.add(v4)
+    t_readd = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    got = link.addresses()
+    t_list = time.perf_counter() - t0
+    assert got == frozenset(v4 + v6)
+    assert oracle() == {f"{a}/32" for a in v4} | {f"{a}/128" for a in v6}
+    t0 = time.perf_counter()
+    link.remove(v4 + v6)
+    t_remove = time.perf_counter() - t0
+    assert oracle() == set()
+
+    # Baselines in the same guest: iproute2 in batch mode, and pyroute2's addr() one by one.
+    batch = tmp_path / "addrs"
+    batch.write_text("".join(f"address add {a}/32 dev {KUBE_IPVS0}\n" for a in v4))
+    t0 = time.perf_counter()
+    sh(f"ip -batch {batch}")
+    t_ipbatch = time.perf_counter() - t0
+    sh(f"ip addr flush dev {KUBE_IPVS0}")
+    idx = link.ensure()
+    with IPRoute() as ipr:
+        t0 = time.perf_counter()
+        for a in v4:
+            ipr.addr("replace", index=idx, address=str(a), prefixlen=32)
+        t_loop = time.perf_counter() - t0
+    assert len(oracle()) == 1000
+    print(f"\nFIGURES kube-ipvs0, 1000 addresses (same guest run): module add IPv4 {t_add4:.2f}s, "
+          f"IPv6 {t_add6:.2f}s, re-add {t_readd:.2f}s, list 2000 {t_list:.2f}s, "
+          f"remove 2000 {t_remove:.2f}s; `ip -batch` add IPv4 {t_ipbatch:.2f}s; "
+          f"pyroute2 addr('replace') loop IPv4 {t_loop:.2f}s")
