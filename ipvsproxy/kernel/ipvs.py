@@ -102,29 +102,24 @@ def _encode(op: IpvsOp, family: int, seq: int,
             keys: dict[ServiceKey, bytes] | None = None) -> bytes:
     flags = c.NLM_F_REQUEST | c.NLM_F_ACK
     kind = op.kind
-    if keys is not None and op.dest is not None and op.service is not None:
-        # A service's key attributes repeat in every one of its real-server ops: encode once.
-        skey = keys.get(op.service.key)
+    if kind in (OpKind.ADD_DEST, OpKind.EDIT_DEST, OpKind.DEL_DEST):
+        assert op.service is not None and op.dest is not None
+        # A service's key attributes repeat in every one of its real-server ops: within a
+        # batch they are encoded once (keys is the batch's cache).
+        skey = keys.get(op.service.key) if keys is not None else None
         if skey is None:
-            skey = keys[op.service.key] = c.nested(c.A_SERVICE,
-                                                   c.service_key_attrs(op.service.key))
+            skey = c.nested(c.A_SERVICE, c.service_key_attrs(op.service.key))
+            if keys is not None:
+                keys[op.service.key] = skey
         dest = (c.dest_key_attrs(op.dest.key) if kind == OpKind.DEL_DEST
                 else c.dest_attrs(op.dest))
-        return c.message(family, int(kind), flags, seq, skey + c.nested(c.A_DEST, dest))
-    if kind in (OpKind.ADD_SERVICE, OpKind.EDIT_SERVICE):
+        body = skey + c.nested(c.A_DEST, dest)
+    elif kind in (OpKind.ADD_SERVICE, OpKind.EDIT_SERVICE):
         assert op.service is not None
         body = c.nested(c.A_SERVICE, c.service_attrs(op.service))
     elif kind == OpKind.DEL_SERVICE:
         assert op.service is not None
         body = c.nested(c.A_SERVICE, c.service_key_attrs(op.service.key))
-    elif kind in (OpKind.ADD_DEST, OpKind.EDIT_DEST):
-        assert op.service is not None and op.dest is not None
-        body = (c.nested(c.A_SERVICE, c.service_key_attrs(op.service.key))
-                + c.nested(c.A_DEST, c.dest_attrs(op.dest)))
-    elif kind == OpKind.DEL_DEST:
-        assert op.service is not None and op.dest is not None
-        body = (c.nested(c.A_SERVICE, c.service_key_attrs(op.service.key))
-                + c.nested(c.A_DEST, c.dest_key_attrs(op.dest.key)))
     elif kind == OpKind.SET_TIMEOUTS:
         assert op.timeouts is not None
         t = op.timeouts
