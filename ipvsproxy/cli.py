@@ -86,4 +86,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # output piped into head(1) and the like: not an error
+        sys.stderr.close()
+        return 141
     return rc

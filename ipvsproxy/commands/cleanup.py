@@ -1,19 +1,35 @@
-"""`ipvsproxy cleanup`: not built yet; see the issue tracker."""
+"""`ipvsproxy cleanup`: remove everything ipvsproxy owns from the kernel, and nothing else."""
 
 from __future__ import annotations
 
 import argparse
+import sys
 
-from ipvsproxy.cli import CliError
-
-DESCRIPTION = """Remove every kernel object ipvsproxy owns: its IPVS virtual servers, the kube-ipvs0
-link, its ipsets (both families) and its iptables chains and the jumps to them. Objects made by
-anyone else are left alone."""
+DESCRIPTION = """Remove everything ipvsproxy owns: its IPVS virtual servers (only those it
+created), the jumps to its iptables chains and the chains, the addresses it bound to kube-ipvs0 and
+the link, and its ipsets (IPv4 and IPv6). Foreign virtual servers, chains, sets and addresses are
+left alone. With --dry-run, print the commands instead."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    del parser
+    parser.add_argument("--dry-run", action="store_true",
+                        help="print what would be removed, remove nothing")
 
 
 def run(args: argparse.Namespace) -> int:
-    raise CliError("not implemented yet")
+    from ipvsproxy.kernel.cleanup import plan_cleanup
+
+    actions, notes = plan_cleanup()
+    for n in notes:
+        print(f"note: {n}", file=sys.stderr)
+    failed = 0
+    for a in actions:
+        if args.dry_run:
+            print("\n".join(a.lines))
+            continue
+        try:
+            a.run()
+        except Exception as exc:  # one failure does not stop the rest of the cleanup
+            failed += 1
+            print(f"error: {a.lines[0]}: {exc}", file=sys.stderr)
+    return 1 if failed else 0

@@ -28,8 +28,11 @@ NODE_PORT_SCTP = "KUBE-NODE-PORT-SCTP-HASH"
 NODE_PORT_LOCAL_SCTP = "KUBE-NODE-PORT-LOCAL-SCTP-HASH"
 HEALTH_CHECK_NODE_PORT = "KUBE-HEALTH-CHECK-NODE-PORT"
 IPVS_IPS = "KUBE-IPVS-IPS"
-# ipvsproxy's own: which virtual servers it created (ownership kept in the kernel, no disk).
+# ipvsproxy's own sets. OWNED records which virtual servers it created, so ownership survives
+# restarts with no state on disk; EXT_NO_LOCAL holds the external frontends of
+# externalTrafficPolicy=Local services that have no local endpoint (outside clients dropped).
 OWNED = "IPVSPROXY-OWNED-VS"
+EXT_NO_LOCAL = "IPVSPROXY-EXT-NO-LOCAL"
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,7 +87,12 @@ IPSETS: tuple[IPSetDef, ...] = (
     IPSetDef(IPVS_IPS, "hash:ip", "Addresses on the ipvs interface"),
 )
 IPSET_BY_NAME = {d.name: d for d in IPSETS}
-OWNED_SET = IPSetDef(OWNED, "hash:ip,port", "virtual servers created by ipvsproxy")
+OWN_IPSETS: tuple[IPSetDef, ...] = (
+    IPSetDef(OWNED, "hash:ip,port", "virtual servers created by ipvsproxy"),
+    IPSetDef(EXT_NO_LOCAL, "hash:ip,port",
+             "ipvsproxy: externalTrafficPolicy=Local frontends with no local endpoint"),
+)
+ALL_IPSETS = IPSETS + OWN_IPSETS
 
 # Chains: (table, chain). Declared in this order in the restore payload.
 NAT_CHAINS = ("KUBE-SERVICES", "KUBE-POSTROUTING", "KUBE-NODE-PORT", "KUBE-LOAD-BALANCER",

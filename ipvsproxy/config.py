@@ -1,0 +1,131 @@
+"""Config: the proxy's settings as one frozen value. Flag names mirror kube-proxy's where they
+mean the same (shared/reference/kube-proxy-ipvs.md §3.1); the CLI builds it, the core reads it."""
+
+from __future__ import annotations
+
+import argparse
+import socket
+from dataclasses import dataclass
+from ipaddress import IPv4Network, IPv6Network, ip_network
+
+IPNetwork = IPv4Network | IPv6Network
+
+
+class ConfigError(ValueError):
+    """A flag value that cannot be used (named in the message)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    hostname: str = ""
+    scheduler: str = "rr"
+    cluster_cidrs: tuple[IPNetwork, ...] = ()
+    masquerade_all: bool = False
+    # CIDRs whose node addresses serve NodePorts; () = every address; "primary" handled by cli
+    nodeport_addresses: tuple[IPNetwork, ...] = ()
+    nodeport_primary: bool = False
+    exclude_cidrs: tuple[IPNetwork, ...] = ()
+    strict_arp: bool = False
+    tcp_timeout: int = 0
+    tcpfin_timeout: int = 0
+    udp_timeout: int = 0
+    masquerade_bit: int = 14
+    families: tuple[int, ...] = (4,)  # the IP families this node proxies (4, 6 or both)
+    random_fully: bool = True  # MASQUERADE --random-fully (iptables >= 1.6.2)
+
+    @property
+    def masq_mark(self) -> str:
+        return hex(1 << self.masquerade_bit)
+
+    def cluster_cidrs_of(self, family: int) -> tuple[IPNetwork, ...]:
+        return tuple(n for n in self.cluster_cidrs if n.version == family)
+
+
+def _cidrs(text: str | None, flag: str) -> tuple[IPNetwork, ...]:
+    out: list[IPNetwork] = []
+    for word in filter(None, (w.strip() for w in (text or "").split(","))):
+        try:
+            out.append(ip_network(word, strict=False))
+        except ValueError:
+            raise ConfigError(f"{flag}: {word!r} is not a CIDR") from None
+    return tuple(out)
+
+
+def _seconds(text: str | None, flag: str) -> int:
+    """kube-proxy takes Go durations (900s, 15m, 1h); a bare number means seconds."""
+    if not text:
+        return 0
+    units = {"s": 1, "m": 60, "h": 3600}
+    t = text.strip()
+    try:
+        if t[-1] in units:
+            return int(float(t[:-1]) * units[t[-1]])
+        return int(t)
+    except ValueError:
+        raise ConfigError(f"{flag}: {text!r} is not a duration (like 900s, 15m)") from None
+
+
+def add_proxy_flags(parser: argparse.ArgumentParser) -> None:
+    """The kube-proxy flags shared by `sync` and `run`."""
+    a = parser.add_argument
+    a("--hostname-override", metavar="NAME",
+      help="this node's name: which endpoints are local (default: the host name)")
+    a("--cluster-cidr", metavar="CIDRS", default="",
+      help="comma list of pod CIDRs; traffic from outside them to a ClusterIP is masqueraded")
+    a("--masquerade-all", action="store_true", help="masquerade all traffic to service IPs")
+    a("--nodeport-addresses", metavar="CIDRS", default="",
+      help="comma list of CIDRs (or 'primary') whose node addresses serve NodePorts "
+           "(default: all node addresses)")
+    a("--ipvs-scheduler", metavar="NAME", default="rr",
+      help="default IPVS scheduler (rr, wrr, lc, wlc, sh, mh, dh, sed, nq, ...); default rr")
+    a("--ipvs-exclude-cidrs", metavar="CIDRS", default="",
+      help="comma list of CIDRs whose virtual servers are never deleted")
+    a("--ipvs-strict-arp", action="store_true",
+      help="set arp_ignore=1 and arp_announce=2 (for L2 load balancers such as MetalLB)")
+    a("--ipvs-tcp-timeout", metavar="DURATION", help="IPVS TCP session timeout (0: leave)")
+    a("--ipvs-tcpfin-timeout", metavar="DURATION",
+      help="IPVS TCP timeout after FIN (0: leave)")
+    a("--ipvs-udp-timeout", metavar="DURATION", help="IPVS UDP timeout (0: leave)")
+    a("--iptables-masquerade-bit", metavar="BIT", type=int, default=14,
+      help="fwmark bit that marks packets to masquerade (0..31, default 14)")
+    a("--ip-families", metavar="LIST", default="auto",
+      help="4, 6, 4,6 or auto (IPv6 too when the host has it and ip6tables is installed)")
+
+
+def _families(text: str) -> tuple[int, ...]:
+    if text == "auto":
+        import os
+        import shutil
+
+        v6 = os.path.exists("/proc/net/if_inet6") and shutil.which("ip6tables-restore")
+        return (4, 6) if v6 else (4,)
+    try:
+        fams = tuple(sorted({int(w) for w in text.split(",") if w.strip()}))
+    except ValueError:
+        fams = ()
+    if not fams or not set(fams) <= {4, 6}:
+        raise ConfigError(f"--ip-families: {text!r} is not 4, 6, 4,6 or auto")
+    return fams
+
+
+def from_args(args: argparse.Namespace) -> Config:
+    if not 0 <= args.iptables_masquerade_bit <= 31:
+        raise ConfigError("--iptables-masquerade-bit must be within 0..31")
+    np_text = args.nodeport_addresses.strip()
+    primary = np_text == "primary"
+    sched = args.ipvs_scheduler.strip().lower() or "rr"
+    return Config(
+        hostname=(args.hostname_override or socket.gethostname()).strip().lower(),
+        scheduler=sched,
+        cluster_cidrs=_cidrs(args.cluster_cidr, "--cluster-cidr"),
+        masquerade_all=args.masquerade_all,
+        nodeport_addresses=() if primary else _cidrs(np_text, "--nodeport-addresses"),
+        nodeport_primary=primary,
+        exclude_cidrs=_cidrs(args.ipvs_exclude_cidrs, "--ipvs-exclude-cidrs"),
+        strict_arp=args.ipvs_strict_arp,
+        tcp_timeout=_seconds(args.ipvs_tcp_timeout, "--ipvs-tcp-timeout"),
+        tcpfin_timeout=_seconds(args.ipvs_tcpfin_timeout, "--ipvs-tcpfin-timeout"),
+        udp_timeout=_seconds(args.ipvs_udp_timeout, "--ipvs-udp-timeout"),
+        masquerade_bit=args.iptables_masquerade_bit,
+        families=_families(args.ip_families),
+    )

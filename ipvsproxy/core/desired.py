@@ -1,0 +1,287 @@
+"""The desired dataplane of this node, computed from a cluster snapshot: pure, no I/O.
+
+`compute_desired(snapshot, host, config)` gives every virtual server with its real servers, the
+kube-ipvs0 addresses, the members of every ipset, the iptables rules, the sysctls and IPVS
+timeouts. Semantics are kube-proxy's IPVS mode (shared/reference/kube-proxy-ipvs.md §1, §4),
+with the deliberate differences the README lists (per-service schedulers and weights, the drop
+of outside traffic to externalTrafficPolicy=Local services without local endpoints).
+`frontends()` is the one place that says which virtual servers a service port has.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network
+
+from ipvsproxy.config import Config
+from ipvsproxy.core import tables as T
+from ipvsproxy.core.cluster import Snapshot
+from ipvsproxy.core.endpoints import Categorized, categorize, port_endpoints
+from ipvsproxy.core.ipset_text import (
+    Family,
+    SetSpec,
+    SetType,
+    ip_entry,
+    ip_port_entry,
+    ip_port_ip_entry,
+    ip_port_net_entry,
+    port_entry,
+)
+from ipvsproxy.core.ipvs import (
+    SVC_F_PERSISTENT,
+    SVC_F_SCHED2,
+    DestKey,
+    Fwd,
+    Protocol,
+    RealServer,
+    ServiceKey,
+    Timeouts,
+    VirtualServer,
+)
+from ipvsproxy.core.model import Problem, Service, ServicePort
+from ipvsproxy.core.rules import RuleInputs, Rules, render_rules
+
+IPAddress = IPv4Address | IPv6Address
+IPNetwork = IPv4Network | IPv6Network
+KUBE_IPVS0 = "kube-ipvs0"
+PROTO = {"TCP": Protocol.TCP, "UDP": Protocol.UDP, "SCTP": Protocol.SCTP}
+
+
+@dataclass(frozen=True, slots=True)
+class HostFacts:
+    """What the shell observed about the host that the desired state depends on."""
+
+    addresses: tuple[tuple[str, IPAddress], ...] = ()  # (interface, address), every interface
+    kernel: tuple[int, int] = (6, 1)
+
+
+@dataclass(frozen=True, slots=True)
+class Frontend:
+    """One virtual server of a service port."""
+
+    kind: str  # "cluster-ip", "external-ip", "load-balancer", "node-port"
+    addr: IPAddress
+    port: int
+    bind: bool  # bound to kube-ipvs0
+    local_policy: bool  # uses node-local endpoints (traffic policy Local)
+
+    @property
+    def external(self) -> bool:
+        return self.kind != "cluster-ip"
+
+
+@dataclass(frozen=True, slots=True)
+class Desired:
+    families: tuple[int, ...]
+    services: Mapping[ServiceKey, VirtualServer] = field(default_factory=dict)
+    dests: Mapping[ServiceKey, tuple[RealServer, ...]] = field(default_factory=dict)
+    owners: Mapping[ServiceKey, str] = field(default_factory=dict)  # "ns/name:port"
+    addresses: frozenset[IPAddress] = frozenset()
+    specs: tuple[SetSpec, ...] = ()
+    sets: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    rules: Mapping[int, Rules] = field(default_factory=dict)
+    sysctls: tuple[tuple[str, str], ...] = ()
+    timeouts: Timeouts | None = None
+    problems: tuple[Problem, ...] = ()
+
+
+def set_specs(family: int) -> list[SetSpec]:
+    fam = Family.INET if family == 4 else Family.INET6
+    specs = [SetSpec(d.name_for(family), SetType(d.type), fam) for d in T.IPSETS]
+    specs += [SetSpec(T.family_name(d.name, family), SetType(d.type), fam)
+              for d in T.OWN_IPSETS]
+    return specs
+
+
+def node_ips(host: HostFacts, cfg: Config, primary: Sequence[IPAddress],
+             family: int) -> list[IPAddress]:
+    """The addresses NodePorts are served on (kube-proxy §1.2): every address of the family
+    except kube-ipvs0's, loopback and IPv6 link-local, or those in --nodeport-addresses."""
+    cidrs = [n for n in cfg.nodeport_addresses if n.version == family]
+    if cfg.nodeport_primary:
+        cidrs = [IPv4Network(a) if a.version == 4 else IPv6Network(a)
+                 for a in primary[:1]]
+        if not cidrs:
+            return []
+    match_all = not cidrs or any(n.prefixlen == 0 for n in cidrs)
+    out: list[IPAddress] = []
+    for ifname, a in host.addresses:
+        if a.version != family or a.is_loopback or ifname == KUBE_IPVS0:
+            continue
+        if a.version == 6 and a.is_link_local:
+            continue
+        if (match_all or any(a in n for n in cidrs)) and a not in out:
+            out.append(a)
+    return out
+
+
+def frontends(svc: Service, sp: ServicePort, family: int, nodeips: Sequence[IPAddress],
+              local_addrs: frozenset[IPAddress]) -> Iterator[Frontend]:
+    """Every virtual server of one service port, in kube-proxy's order."""
+    for cip in svc.cluster_ips:
+        if cip.version == family:
+            yield Frontend("cluster-ip", cip, sp.port, True, svc.internal_local)
+    for eip in svc.external_ips:
+        if eip.version == family:
+            yield Frontend("external-ip", eip, sp.port, eip not in local_addrs,
+                           svc.external_local)
+    for lb in svc.lb_ingress_ips:
+        if lb.version == family:
+            yield Frontend("load-balancer", lb, sp.port, lb not in local_addrs,
+                           svc.external_local)
+    if sp.node_port:
+        for nip in nodeips:
+            yield Frontend("node-port", nip, sp.node_port, False, svc.external_local)
+
+
+class _Builder:
+    """Accumulates one family's desired state while the services are walked."""
+
+    def __init__(self, family: int, cfg: Config, host: HostFacts, primary: list[IPAddress],
+                 zone: str) -> None:
+        self.family = family
+        self.cfg = cfg
+        self.zone = zone
+        self.primary = primary[0] if primary else None
+        self.local_addrs = frozenset(a for i, a in host.addresses
+                                     if a.version == family and i != KUBE_IPVS0)
+        self.nodeips = node_ips(host, cfg, primary, family)
+        self.sets: dict[str, set[str]] = {d.name: set() for d in (*T.IPSETS, *T.OWN_IPSETS)}
+        self.services: dict[ServiceKey, VirtualServer] = {}
+        self.dests: dict[ServiceKey, tuple[RealServer, ...]] = {}
+        self.owners: dict[ServiceKey, str] = {}
+        self.bound: set[IPAddress] = set()
+        self.out_filter: list[tuple[IPAddress, str, int]] = []
+        self.problems: list[Problem] = []
+
+    def add_port(self, svc: Service, sp: ServicePort, cat: Categorized,
+                 eps_local: Sequence[tuple[IPAddress, int]]) -> None:
+        proto = sp.protocol.value.lower()
+        s = self.sets
+        for addr, port in eps_local:
+            s[T.LOOP_BACK].add(ip_port_ip_entry(addr, proto, port, addr))
+        sched = svc.scheduler or self.cfg.scheduler
+        flags = svc.sched_flags
+        if not flags and sched == "mh":
+            flags = SVC_F_SCHED2  # kube-proxy sets mh-port (FlagSourceHash) for mh
+        if svc.affinity_timeout:
+            flags |= SVC_F_PERSISTENT
+        ranges = [r for r in svc.lb_source_ranges if r.version == self.family]
+        owner = f"{svc.namespace}/{svc.name}:{sp.name}" if sp.name else svc.key
+        for fe in frontends(svc, sp, self.family, self.nodeips, self.local_addrs):
+            key = ServiceKey.inet(PROTO[sp.protocol.value], fe.addr, fe.port)
+            if key in self.services:
+                self.problems.append(Problem(
+                    "Service", svc.namespace, svc.name,
+                    f"{fe.kind} {key} is already used by {self.owners[key]}; ignored"))
+                continue
+            vs = VirtualServer(key, sched, flags, svc.affinity_timeout,
+                               -1 if not svc.affinity_timeout else
+                               (0xFFFFFFFF if self.family == 4 else 128))
+            eps = cat.cluster
+            if fe.local_policy and cat.local:
+                eps = cat.local
+            elif fe.local_policy and fe.external and cat.cluster:
+                # Deliberate difference: outside clients are dropped (as kube-proxy's iptables
+                # mode does); the node and its pods still reach the cluster endpoints.
+                s[T.EXT_NO_LOCAL].add(ip_port_entry(fe.addr, proto, fe.port))
+            self.services[key] = vs
+            self.owners[key] = owner
+            self.dests[key] = tuple(sorted(
+                (RealServer(DestKey(e.addr, e.port), Fwd.MASQ, e.weight) for e in eps),
+                key=lambda r: r.key))
+            s[T.OWNED].add(ip_port_entry(fe.addr, proto, fe.port))
+            if fe.bind:
+                self.bound.add(fe.addr)
+            entry = ip_port_entry(fe.addr, proto, fe.port)
+            if fe.kind == "cluster-ip":
+                s[T.CLUSTER_IP].add(entry)
+            elif fe.kind == "external-ip":
+                s[T.EXTERNAL_IP_LOCAL if svc.external_local else T.EXTERNAL_IP].add(entry)
+            elif fe.kind == "load-balancer":
+                s[T.LOAD_BALANCER].add(entry)
+                if svc.external_local:
+                    s[T.LOAD_BALANCER_LOCAL].add(entry)
+                if ranges:
+                    s[T.LOAD_BALANCER_FW].add(entry)
+                    for r in ranges:
+                        s[T.LB_SOURCE_CIDR].add(ip_port_net_entry(fe.addr, proto, fe.port, r))
+                    if self.primary is not None and any(self.primary in r for r in ranges):
+                        s[T.LB_SOURCE_IP].add(ip_port_ip_entry(fe.addr, proto, fe.port, fe.addr))
+                    else:
+                        self.out_filter.append((fe.addr, proto, fe.port))
+            elif fe.kind == "node-port":
+                if proto == "sctp":
+                    s[T.NODE_PORT_SCTP].add(entry)
+                    if svc.external_local:
+                        s[T.NODE_PORT_LOCAL_SCTP].add(entry)
+                else:
+                    name = T.NODE_PORT_TCP if proto == "tcp" else T.NODE_PORT_UDP
+                    s[name].add(port_entry(fe.port))
+                    if svc.external_local:
+                        local = T.NODE_PORT_LOCAL_TCP if proto == "tcp" else T.NODE_PORT_LOCAL_UDP
+                        s[local].add(port_entry(fe.port))
+        # kube-proxy skips the health-check port too when no node IP serves NodePorts (quirk)
+        if svc.health_check_node_port and (self.nodeips or not sp.node_port):
+            s[T.HEALTH_CHECK_NODE_PORT].add(port_entry(svc.health_check_node_port))
+
+    def finish(self) -> tuple[dict[str, frozenset[str]], Rules]:
+        self.sets[T.IPVS_IPS] = {ip_entry(a) for a in self.bound}
+        sets = {T.family_name(n, self.family): frozenset(m) for n, m in self.sets.items()}
+        nonempty = frozenset(n for n, m in self.sets.items() if m)
+        rules = render_rules(RuleInputs(
+            family=self.family, nonempty=nonempty,
+            cluster_cidrs=self.cfg.cluster_cidrs_of(self.family),
+            masquerade_all=self.cfg.masquerade_all, mark=self.cfg.masq_mark,
+            random_fully=self.cfg.random_fully, out_filter=tuple(self.out_filter)))
+        return sets, rules
+
+
+def sysctls(cfg: Config, host: HostFacts) -> tuple[tuple[str, str], ...]:
+    out = list(T.SYSCTLS)
+    if (4, 1) <= host.kernel < (5, 9):
+        out.append(("net/ipv4/vs/conn_reuse_mode", "0"))  # kube-proxy issue #93297
+    if cfg.strict_arp:
+        out.extend(T.STRICT_ARP_SYSCTLS)
+    return tuple(out)
+
+
+def compute_desired(snap: Snapshot, host: HostFacts, cfg: Config) -> Desired:
+    node = snap.node
+    zone = node.zone if node else ""
+    by_svc = snap.slices_by_service()
+    services: dict[ServiceKey, VirtualServer] = {}
+    dests: dict[ServiceKey, tuple[RealServer, ...]] = {}
+    owners: dict[ServiceKey, str] = {}
+    bound: set[IPAddress] = set()
+    sets: dict[str, frozenset[str]] = {}
+    specs: list[SetSpec] = []
+    rules: dict[int, Rules] = {}
+    problems = list(snap.problems)
+    for family in cfg.families:
+        primary = [a for a in (node.addresses if node else ()) if a.version == family]
+        b = _Builder(family, cfg, host, primary, zone)
+        for svc in sorted(snap.services, key=lambda s: (s.namespace, s.name)):
+            if not any(c.version == family for c in svc.cluster_ips):
+                continue
+            slices = by_svc.get((svc.namespace, svc.name), [])
+            for sp in svc.ports:
+                eps = port_endpoints(slices, sp, family, cfg.hostname)
+                cat = categorize(eps, svc, sp, zone)
+                local = [(e.addr, e.port) for e in eps if e.local]
+                b.add_port(svc, sp, cat, local)
+        fam_sets, fam_rules = b.finish()
+        services.update(b.services)
+        dests.update(b.dests)
+        owners.update(b.owners)
+        bound |= b.bound
+        sets.update(fam_sets)
+        specs.extend(set_specs(family))
+        rules[family] = fam_rules
+        problems.extend(b.problems)
+    timeouts = None
+    if cfg.tcp_timeout or cfg.tcpfin_timeout or cfg.udp_timeout:
+        timeouts = Timeouts(cfg.tcp_timeout, cfg.tcpfin_timeout, cfg.udp_timeout)
+    return Desired(cfg.families, services, dests, owners, frozenset(bound), tuple(specs),
+                   sets, rules, sysctls(cfg, host), timeouts, tuple(problems))

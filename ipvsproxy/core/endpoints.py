@@ -1,0 +1,104 @@
+"""Which endpoints a service port uses on this node: merge its EndpointSlices, then categorize.
+
+Mirrors kube-proxy's endpointslicecache.go (merge: port matched by name and protocol, one entry
+per ip:port, a local duplicate wins) and pkg/proxy/topology.go CategorizeEndpoints (ready
+endpoints, topology by zone hints, the serving-and-terminating fallback, local lists).
+Pure functions over core.model values.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from ipaddress import IPv4Address, IPv6Address
+
+from ipvsproxy.core.model import EndpointSlice, Service, ServicePort
+
+IPAddress = IPv4Address | IPv6Address
+
+
+@dataclass(frozen=True, slots=True)
+class Ep:
+    """One endpoint of one service port."""
+
+    addr: IPAddress
+    port: int
+    weight: int
+    ready: bool
+    serving: bool
+    terminating: bool
+    local: bool
+    zones: frozenset[str]
+    has_hints: bool
+
+    @property
+    def serving_terminating(self) -> bool:
+        return self.serving and self.terminating
+
+
+def port_endpoints(slices: Sequence[EndpointSlice], sp: ServicePort, family: int,
+                   node_name: str) -> list[Ep]:
+    """Every endpoint of service port `sp` of `family`, de-duplicated by ip:port."""
+    found: dict[tuple[IPAddress, int], Ep] = {}
+    for sl in slices:
+        if sl.family != family:
+            continue
+        port = next((p.port for p in sl.ports
+                     if p.name == sp.name and p.protocol == sp.protocol), None)
+        if port is None:
+            continue
+        for e in sl.endpoints:
+            local = bool(node_name) and e.node_name.lower() == node_name
+            key = (e.addr, port)
+            # endpointslicecache.go addEndpoints: first one wins, unless a later one is local
+            if key not in found or local:
+                found[key] = Ep(e.addr, port, sl.weight, e.ready, e.serving, e.terminating,
+                                local, e.zone_hints, e.has_hints)
+    return list(found.values())
+
+
+def externally_accessible(svc: Service, sp: ServicePort) -> bool:
+    return sp.node_port != 0 or bool(svc.lb_ingress_ips) or bool(svc.external_ips)
+
+
+def uses_cluster(svc: Service, sp: ServicePort) -> bool:
+    return not svc.internal_local or externally_accessible(svc, sp)
+
+
+def uses_local(svc: Service, sp: ServicePort) -> bool:
+    return svc.internal_local or (svc.external_local and externally_accessible(svc, sp))
+
+
+def _topology_ok(eps: Sequence[Ep], zone: str) -> bool:
+    """topology.go canUseTopology: every ready endpoint is hinted and one hint is our zone."""
+    if not zone:
+        return False
+    ready = [e for e in eps if e.ready]
+    if not ready or any(not e.has_hints for e in ready):
+        return False
+    return any(zone in e.zones for e in ready)
+
+
+@dataclass(frozen=True, slots=True)
+class Categorized:
+    cluster: tuple[Ep, ...]
+    local: tuple[Ep, ...]
+    has_any: bool  # any usable endpoint anywhere (for the no-local-endpoints accounting)
+
+
+def categorize(eps: Sequence[Ep], svc: Service, sp: ServicePort, zone: str) -> Categorized:
+    cluster: list[Ep] = []
+    local: list[Ep] = []
+    has_any = False
+    if uses_cluster(svc, sp):
+        topo = _topology_ok(eps, zone)
+        cluster = [e for e in eps if e.ready and (not topo or zone in e.zones)]
+        if not cluster:
+            cluster = [e for e in eps if e.serving_terminating]
+        has_any = bool(cluster)
+    if uses_local(svc, sp):
+        has_any = has_any or any(e.ready or e.serving_terminating for e in eps)
+        local = [e for e in eps if e.local and e.ready]
+        if not local:
+            local = [e for e in eps if e.local and e.serving_terminating]
+    return Categorized(tuple(cluster), tuple(local), has_any)

@@ -1,0 +1,311 @@
+"""Diff: what the kernel holds against what it should hold, as an ordered plan. Pure.
+
+`diff(desired, observed, exclude)` returns the steps that make the kernel match, touching only
+what ipvsproxy owns: virtual servers recorded in its IPVSPROXY-OWNED-VS set, addresses on
+kube-ipvs0 recorded in KUBE-IPVS-IPS, its own (kube-proxy's) sets and chains. Order is safe:
+sysctls, the link, sets, rules (masquerade and filters before any address is bound: upstream
+issue #133773), set members to add, unbinds, IPVS changes, binds, set members to remove, timeouts.
+Each step renders itself as the command an operator would type, for `sync --dry-run`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network
+
+from ipvsproxy.core import tables as T
+from ipvsproxy.core.desired import KUBE_IPVS0, Desired
+from ipvsproxy.core.ipset_text import SetSpec, ip_port_entry, render_create
+from ipvsproxy.core.ipvs import (
+    SVC_F_HASHED,
+    DestKey,
+    IpvsOp,
+    ObservedService,
+    OpKind,
+    Protocol,
+    RealServer,
+    ServiceKey,
+    Timeouts,
+    VirtualServer,
+)
+from ipvsproxy.core.ipvs_cmdline import op_line
+from ipvsproxy.core.model import Problem
+from ipvsproxy.core.rules import TABLES, jump_line
+
+IPAddress = IPv4Address | IPv6Address
+IPNetwork = IPv4Network | IPv6Network
+Chains = Mapping[str, tuple[str, ...]]  # chain -> rule lines, as iptables-save prints them
+
+
+@dataclass(frozen=True, slots=True)
+class Observed:
+    """What the kernel holds (read by the kernel layer; only the parts the diff needs)."""
+
+    services: Mapping[ServiceKey, ObservedService] = field(default_factory=dict)
+    sets: Mapping[str, frozenset[str]] = field(default_factory=dict)  # existing sets' members
+    specs: Mapping[str, SetSpec] = field(default_factory=dict)
+    link: bool = False
+    addresses: frozenset[IPAddress] = frozenset()  # on kube-ipvs0
+    chains: Mapping[tuple[int, str], Chains] = field(default_factory=dict)  # (family, table)
+    sysctls: Mapping[str, str] = field(default_factory=dict)
+    timeouts: Timeouts | None = None
+
+
+# ---------------------------------------------------------------------------------- steps
+
+
+@dataclass(frozen=True, slots=True)
+class Sysctl:
+    key: str
+    value: str
+
+    def lines(self) -> list[str]:
+        return [f"sysctl -w {self.key.replace('/', '.')}={self.value}"]
+
+
+@dataclass(frozen=True, slots=True)
+class CreateLink:
+    def lines(self) -> list[str]:
+        return [f"ip link add {KUBE_IPVS0} type dummy"]
+
+
+@dataclass(frozen=True, slots=True)
+class CreateSet:
+    spec: SetSpec
+
+    def lines(self) -> list[str]:
+        return [f"ipset {render_create(self.spec)}"]
+
+
+@dataclass(frozen=True, slots=True)
+class SetMembers:
+    spec: SetSpec
+    add: bool
+    entries: tuple[str, ...]
+
+    def lines(self) -> list[str]:
+        verb = "add" if self.add else "del"
+        return [f"ipset {verb} {self.spec.name} {e}" for e in self.entries]
+
+
+@dataclass(frozen=True, slots=True)
+class Iptables:
+    """One iptables-restore --noflush payload for one family: rewritten chains, missing jumps."""
+
+    family: int
+    payload: tuple[str, ...]
+    commands: tuple[str, ...]
+
+    def lines(self) -> list[str]:
+        return list(self.commands)
+
+
+@dataclass(frozen=True, slots=True)
+class Ipvs:
+    op: IpvsOp
+
+    def lines(self) -> list[str]:
+        return [op_line(self.op)]
+
+
+@dataclass(frozen=True, slots=True)
+class Address:
+    addr: IPAddress
+    add: bool
+
+    def lines(self) -> list[str]:
+        verb = "add" if self.add else "del"
+        return [f"ip addr {verb} {self.addr}/{self.addr.max_prefixlen} dev {KUBE_IPVS0}"]
+
+
+@dataclass(frozen=True, slots=True)
+class SetTimeouts:
+    timeouts: Timeouts
+
+    def lines(self) -> list[str]:
+        t = self.timeouts
+        return [f"ipvsadm --set {t.tcp} {t.tcp_fin} {t.udp}"]
+
+
+Step = Sysctl | CreateLink | CreateSet | SetMembers | Iptables | Ipvs | Address | SetTimeouts
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    steps: tuple[Step, ...]
+    problems: tuple[Problem, ...] = ()
+
+    def lines(self) -> list[str]:
+        return [line for s in self.steps for line in s.lines()]
+
+
+# ----------------------------------------------------------------------------------- diff
+
+
+def owned_entry(key: ServiceKey) -> str | None:
+    if key.fwmark or key.addr is None or key.protocol is Protocol.NONE:
+        return None
+    return ip_port_entry(key.addr, key.protocol.name.lower(), key.port)
+
+
+def _vs_equal(a: VirtualServer, b: VirtualServer) -> bool:
+    return (a.scheduler == b.scheduler and a.flags & ~SVC_F_HASHED == b.flags & ~SVC_F_HASHED
+            and a.timeout == b.timeout and a.effective_netmask == b.effective_netmask)
+
+
+def _rs_equal(a: RealServer, b: RealServer) -> bool:
+    return (a.fwd == b.fwd and a.weight == b.weight and a.u_threshold == b.u_threshold
+            and a.l_threshold == b.l_threshold)
+
+
+def _iptables(family: int, want: Mapping[str, Mapping[str, tuple[str, ...]]],
+              have: Mapping[tuple[int, str], Chains]) -> Iptables | None:
+    tool = "ip6tables" if family == 6 else "iptables"
+    payload: list[str] = []
+    cmds: list[str] = []
+    for table, chains in TABLES.items():
+        obs = have.get((family, table), {})
+        body: list[str] = []
+        decl: list[str] = []
+        for chain in chains:
+            rules = want[table][chain]
+            if obs.get(chain) == rules:
+                continue
+            decl.append(f":{chain} - [0:0]")
+            cmds.append(f"{tool} -t {table} {'-F' if chain in obs else '-N'} {chain}")
+            body.extend(rules)
+            cmds.extend(f"{tool} -t {table} {r}" for r in rules)
+        for j in T.JUMPS:
+            if j.table != table:
+                continue
+            line = jump_line(j)
+            if line not in obs.get(j.chain, ()):
+                ins = "-I" + line[2:].replace(f" {j.chain} ", f" {j.chain} 1 ", 1)
+                body.append(ins)
+                cmds.append(f"{tool} -t {table} {ins}")
+        if decl or body:
+            payload += [f"*{table}", *decl, *body, "COMMIT"]
+    if not payload:
+        return None
+    return Iptables(family, tuple(payload), tuple(cmds))
+
+
+def diff(des: Desired, obs: Observed, exclude: Sequence[IPNetwork] = ()) -> Plan:
+    problems: list[Problem] = []
+    early: list[Step] = [Sysctl(k, v) for k, v in des.sysctls if obs.sysctls.get(k) != v]
+    if not obs.link:
+        early.append(CreateLink())
+    specs = {s.name: s for s in des.specs}
+    for spec in des.specs:
+        have = obs.specs.get(spec.name)
+        if spec.name not in obs.sets:
+            early.append(CreateSet(spec))
+        elif have is not None and (have.type, have.family) != (spec.type, spec.family):
+            problems.append(Problem("ipset", "", spec.name,
+                                    f"exists as {have.type} {have.family or ''}, not "
+                                    f"{spec.type}; run `ipvsproxy cleanup` to recreate it"))
+    for fam in des.families:
+        step = _iptables(fam, des.rules[fam], obs.chains)
+        if step:
+            early.append(step)
+
+    # Virtual servers: ours are those in the OWNED set(s).
+    owned: set[ServiceKey] = set()
+    owned_names = {T.family_name(T.OWNED, f) for f in des.families}
+    owned_members = set().union(*(obs.sets.get(n, frozenset()) for n in owned_names))
+    for key in obs.services:
+        e = owned_entry(key)
+        if e is not None and e in owned_members:
+            owned.add(key)
+    want_sets = {n: set(m) for n, m in des.sets.items()}
+    ipvs_add: list[Step] = []
+    ipvs_del: list[Step] = []
+    for key, vs in des.services.items():
+        cur = obs.services.get(key)
+        if cur is not None and key not in owned:
+            problems.append(Problem("Service", "", des.owners.get(key, str(key)),
+                                    f"virtual server {key} exists and was not created by "
+                                    "ipvsproxy; left alone"))
+            fam_set = T.family_name(T.OWNED, key.addr.version if key.addr else 4)
+            want_sets[fam_set].discard(owned_entry(key) or "")
+            continue
+        if cur is None:
+            ipvs_add.append(Ipvs(IpvsOp(OpKind.ADD_SERVICE, vs)))
+            have_dests: dict[DestKey, tuple[RealServer, int]] = {}
+        else:
+            if not _vs_equal(vs, cur.service):
+                ipvs_add.append(Ipvs(IpvsOp(OpKind.EDIT_SERVICE, vs)))
+            have_dests = {d.dest.key: (d.dest, d.active_conns + d.inact_conns)
+                          for d in cur.dests}
+        want = des.dests.get(key, ())
+        for rs in want:
+            got = have_dests.get(rs.key)
+            if got is None:
+                ipvs_add.append(Ipvs(IpvsOp(OpKind.ADD_DEST, vs, rs)))
+            elif not _rs_equal(rs, got[0]):
+                ipvs_add.append(Ipvs(IpvsOp(OpKind.EDIT_DEST, vs, rs)))
+        wanted = {rs.key for rs in want}
+        for dkey, (rs, conns) in have_dests.items():
+            if dkey in wanted:
+                continue
+            # Draining: a TCP real server with connections goes to weight 0 and is deleted once
+            # the kernel shows none (kube-proxy graceful_termination.go); UDP/SCTP at once.
+            if key.protocol is Protocol.TCP and conns > 0:
+                if rs.weight != 0:
+                    ipvs_add.append(Ipvs(IpvsOp(OpKind.EDIT_DEST, vs, _weight0(rs))))
+            else:
+                ipvs_del.append(Ipvs(IpvsOp(OpKind.DEL_DEST, vs, rs)))
+    for key in sorted(owned - des.services.keys()):
+        if key.addr is not None and any(key.addr in n for n in exclude):
+            e = owned_entry(key)
+            want_sets[T.family_name(T.OWNED, key.addr.version)].add(e or "")
+            continue  # --ipvs-exclude-cidrs: never deleted
+        ipvs_del.append(Ipvs(IpvsOp(OpKind.DEL_SERVICE, obs.services[key].service)))
+
+    # Set members: adds early (before what uses them), removals last.
+    adds: list[Step] = []
+    dels: list[Step] = []
+    for name, members in want_sets.items():
+        members.discard("")
+        present = obs.sets.get(name, frozenset())
+        plus = sorted(members - present)
+        minus = sorted(present - members)
+        if plus:
+            adds.append(SetMembers(specs[name], True, tuple(plus)))
+        if minus:
+            dels.append(SetMembers(specs[name], False, tuple(minus)))
+
+    # Addresses: ours are those kube-ipvs0 has and KUBE-IPVS-IPS lists.
+    listed: set[IPAddress] = set()
+    for fam in des.families:
+        for e in obs.sets.get(T.family_name(T.IPVS_IPS, fam), frozenset()):
+            listed.add(_addr(e))
+    unbind = [Address(a, False) for a in sorted(obs.addresses & listed - des.addresses,
+                                                 key=_akey)]
+    bind = [Address(a, True) for a in sorted(des.addresses - obs.addresses, key=_akey)]
+
+    late: list[Step] = []
+    if des.timeouts is not None:
+        cur_t = obs.timeouts or Timeouts(0, 0, 0)
+        t = Timeouts(des.timeouts.tcp or cur_t.tcp, des.timeouts.tcp_fin or cur_t.tcp_fin,
+                     des.timeouts.udp or cur_t.udp)
+        if t != cur_t:
+            late.append(SetTimeouts(t))
+    steps = [*early, *adds, *unbind, *ipvs_add, *ipvs_del, *bind, *dels, *late]
+    return Plan(tuple(steps), tuple(problems))
+
+
+def _weight0(rs: RealServer) -> RealServer:
+    return RealServer(rs.key, rs.fwd, 0, rs.u_threshold, rs.l_threshold, rs.tun_type,
+                      rs.tun_port, rs.tun_flags)
+
+
+def _akey(a: IPAddress) -> tuple[int, int]:
+    return (a.version, int(a))
+
+
+def _addr(entry: str) -> IPAddress:
+    from ipaddress import ip_address
+
+    return ip_address(entry)

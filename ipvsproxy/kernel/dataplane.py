@@ -1,0 +1,176 @@
+"""The shell around the pure diff: observe the node's dataplane, apply a plan, and the cleanup plan.
+
+`observe()` reads IPVS (netlink dump), ipsets (`ipset save`), kube-ipvs0, iptables-save, sysctls
+and IPVS timeouts into a core.plan.Observed. `apply()` walks a plan in order, batching what can
+be batched (consecutive IPVS ops in one pipelined netlink exchange, consecutive set changes in
+one `ipset restore`); a failure is recorded and the walk goes on. Nothing here decides what to do.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ipvsproxy.core.desired import Desired
+from ipvsproxy.core.ipset_text import InvalidSpec, render_adds, render_create, render_dels
+from ipvsproxy.core.plan import (
+    Address,
+    CreateLink,
+    CreateSet,
+    Iptables,
+    Ipvs,
+    Observed,
+    Plan,
+    SetMembers,
+    SetTimeouts,
+    Step,
+    Sysctl,
+)
+from ipvsproxy.kernel import iptables
+from ipvsproxy.kernel.dummy import DummyLink
+from ipvsproxy.kernel.host import read_sysctls, write_sysctl
+from ipvsproxy.kernel.ipset import IPSetError, IPSets
+from ipvsproxy.kernel.ipvs import IpvsClient
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    what: str  # the operation, as --dry-run would print it
+    error: str
+
+    def __str__(self) -> str:
+        return f"{self.what}: {self.error}"
+
+
+def observe(des: Desired) -> Observed:
+    """Read what the kernel holds of everything `des` talks about."""
+    with IpvsClient() as ipvs:
+        services: dict[Any, Any] = {s.service.key: s for s in ipvs.dump()}
+        timeouts = ipvs.timeouts() if des.timeouts is not None else None
+    ours = {s.name for s in des.specs}
+    sets: dict[str, frozenset[str]] = {}
+    specs: dict[str, Any] = {}
+    with IPSets() as ipsets:
+        for name, saved in ipsets.read_all().items():
+            if name in ours:
+                sets[name] = saved.members
+                with contextlib.suppress(InvalidSpec):
+                    specs[name] = saved.spec()
+    with DummyLink() as link:
+        exists = link.index() is not None
+        addrs = link.addresses() if exists else frozenset()
+    chains: dict[Any, Any] = {}
+    for fam in des.families:
+        chains.update(iptables.chains_of(iptables.save(fam), fam))
+    return Observed(services, sets, specs, exists, addrs, chains,
+                    read_sysctls(k for k, _ in des.sysctls), timeouts)
+
+
+def _ipvs_steps(steps: Sequence[Step], i: int) -> int:
+    j = i
+    while j < len(steps) and isinstance(steps[j], Ipvs):
+        j += 1
+    return j
+
+
+def apply(plan: Plan) -> list[Failure]:
+    failures: list[Failure] = []
+    steps = plan.steps
+    i = 0
+    ipvs: IpvsClient | None = None
+    try:
+        while i < len(steps):
+            step = steps[i]
+            if isinstance(step, Ipvs):
+                j = _ipvs_steps(steps, i)
+                ipvs = ipvs or IpvsClient()
+                ops = [s.op for s in steps[i:j] if isinstance(s, Ipvs)]
+                for err in ipvs.apply(ops):
+                    failures.append(Failure(Ipvs(err.op).lines()[0], str(err)))
+                i = j
+                continue
+            if isinstance(step, SetMembers):
+                j = i
+                while j < len(steps) and isinstance(steps[j], SetMembers):
+                    j += 1
+                failures += _apply_members([s for s in steps[i:j] if isinstance(s, SetMembers)])
+                i = j
+                continue
+            if isinstance(step, Address):
+                j = i
+                while j < len(steps) and isinstance(steps[j], Address) \
+                        and steps[j].add == step.add:  # type: ignore[union-attr]
+                    j += 1
+                failures += _apply_addresses([s for s in steps[i:j] if isinstance(s, Address)])
+                i = j
+                continue
+            try:
+                _apply_one(step, ipvs)
+            except Exception as exc:
+                failures.append(Failure(step.lines()[0], str(exc) or type(exc).__name__))
+            i += 1
+    finally:
+        if ipvs is not None:
+            ipvs.close()
+    return failures
+
+
+def _apply_members(steps: list[SetMembers]) -> list[Failure]:
+    """All consecutive set changes in one `ipset restore`; on failure, set by set."""
+    def script(group: list[SetMembers]) -> list[str]:
+        lines: list[str] = []
+        for s in group:
+            lines.append(render_create(s.spec))
+            lines += (render_adds if s.add else render_dels)(s.spec.name, s.entries)
+        return lines
+
+    with IPSets() as ipsets:
+        try:
+            ipsets.restore(script(steps))
+            return []
+        except IPSetError:
+            pass
+        failures = []
+        for s in steps:
+            try:
+                ipsets.restore(script([s]))
+            except IPSetError as exc:
+                failures.append(Failure(s.lines()[0] + (" ..." if len(s.entries) > 1 else ""),
+                                        str(exc)))
+        return failures
+
+
+def _apply_addresses(steps: list[Address]) -> list[Failure]:
+    with DummyLink() as link:
+        try:
+            (link.add if steps[0].add else link.remove)([s.addr for s in steps])
+            return []
+        except Exception:
+            pass
+        failures = []
+        for s in steps:
+            try:
+                (link.add if s.add else link.remove)([s.addr])
+            except Exception as exc:
+                failures.append(Failure(s.lines()[0], str(exc)))
+        return failures
+
+
+def _apply_one(step: Step, ipvs: IpvsClient | None) -> None:
+    if isinstance(step, Sysctl):
+        write_sysctl(step.key, step.value)
+    elif isinstance(step, CreateLink):
+        with DummyLink() as link:
+            link.ensure()
+    elif isinstance(step, CreateSet):
+        with IPSets() as ipsets:
+            ipsets.create(step.spec, exist_ok=True)
+    elif isinstance(step, Iptables):
+        iptables.restore(step.family, step.payload)
+    elif isinstance(step, SetTimeouts):
+        with IpvsClient() as client:
+            client.set_timeouts(step.timeouts)
+    else:  # pragma: no cover - every step type is handled above
+        raise TypeError(step)

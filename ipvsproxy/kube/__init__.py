@@ -1,0 +1,1 @@
+"""Reading the Kubernetes API: one consistent list (sync --once) and, later, watches."""
