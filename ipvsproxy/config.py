@@ -114,10 +114,15 @@ def from_args(args: argparse.Namespace) -> Config:
     np_text = args.nodeport_addresses.strip()
     primary = np_text == "primary"
     sched = args.ipvs_scheduler.strip().lower() or "rr"
+    cluster_cidrs = _cidrs(args.cluster_cidr, "--cluster-cidr")
+    if len({n.version for n in cluster_cidrs}) != len(cluster_cidrs):
+        # As kube-proxy (validateDualStackCIDRStrings): the masquerade rule is one
+        # `! -s CIDR` per family, and two of one family would masquerade everything.
+        raise ConfigError("--cluster-cidr: at most one CIDR per IP family")
     return Config(
         hostname=(args.hostname_override or socket.gethostname()).strip().lower(),
         scheduler=sched,
-        cluster_cidrs=_cidrs(args.cluster_cidr, "--cluster-cidr"),
+        cluster_cidrs=cluster_cidrs,
         masquerade_all=args.masquerade_all,
         nodeport_addresses=() if primary else _cidrs(np_text, "--nodeport-addresses"),
         nodeport_primary=primary,

@@ -15,6 +15,8 @@ declare -A NEED=(
   [busybox]=busybox-static
   [shellcheck]=shellcheck
   [conntrack]=conntrack
+  [socat]=socat
+  [curl]=curl
 )
 missing=()
 for tool in "${!NEED[@]}"; do

@@ -268,7 +268,7 @@ def compute_desired(snap: Snapshot, host: HostFacts, cfg: Config) -> Desired:
             slices = by_svc.get((svc.namespace, svc.name), [])
             for sp in svc.ports:
                 eps = port_endpoints(slices, sp, family, cfg.hostname)
-                cat = categorize(eps, svc, sp, zone)
+                cat = categorize(eps, svc, sp, zone, family)
                 local = [(e.addr, e.port) for e in eps if e.local]
                 b.add_port(svc, sp, cat, local)
         fam_sets, fam_rules = b.finish()

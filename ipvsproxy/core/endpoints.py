@@ -57,16 +57,20 @@ def port_endpoints(slices: Sequence[EndpointSlice], sp: ServicePort, family: int
     return list(found.values())
 
 
-def externally_accessible(svc: Service, sp: ServicePort) -> bool:
-    return sp.node_port != 0 or bool(svc.lb_ingress_ips) or bool(svc.external_ips)
+def externally_accessible(svc: Service, sp: ServicePort, family: int = 0) -> bool:
+    """A NodePort, or LB / external IPs of `family` (0: any). kube-proxy's ServicePort of one
+    family only holds that family's externalIPs and LB IPs (serviceport.go)."""
+    return sp.node_port != 0 or any(a.version == family or not family
+                                    for a in (*svc.lb_ingress_ips, *svc.external_ips))
 
 
-def uses_cluster(svc: Service, sp: ServicePort) -> bool:
-    return not svc.internal_local or externally_accessible(svc, sp)
+def uses_cluster(svc: Service, sp: ServicePort, family: int = 0) -> bool:
+    return not svc.internal_local or externally_accessible(svc, sp, family)
 
 
-def uses_local(svc: Service, sp: ServicePort) -> bool:
-    return svc.internal_local or (svc.external_local and externally_accessible(svc, sp))
+def uses_local(svc: Service, sp: ServicePort, family: int = 0) -> bool:
+    return svc.internal_local or (svc.external_local
+                                  and externally_accessible(svc, sp, family))
 
 
 def _topology_ok(eps: Sequence[Ep], zone: str) -> bool:
@@ -86,17 +90,18 @@ class Categorized:
     has_any: bool  # any usable endpoint anywhere (for the no-local-endpoints accounting)
 
 
-def categorize(eps: Sequence[Ep], svc: Service, sp: ServicePort, zone: str) -> Categorized:
+def categorize(eps: Sequence[Ep], svc: Service, sp: ServicePort, zone: str,
+               family: int = 0) -> Categorized:
     cluster: list[Ep] = []
     local: list[Ep] = []
     has_any = False
-    if uses_cluster(svc, sp):
+    if uses_cluster(svc, sp, family):
         topo = _topology_ok(eps, zone)
         cluster = [e for e in eps if e.ready and (not topo or zone in e.zones)]
         if not cluster:
             cluster = [e for e in eps if e.serving_terminating]
         has_any = bool(cluster)
-    if uses_local(svc, sp):
+    if uses_local(svc, sp, family):
         has_any = has_any or any(e.ready or e.serving_terminating for e in eps)
         local = [e for e in eps if e.local and e.ready]
         if not local:

@@ -352,7 +352,8 @@ def parse_endpoint_slice(obj: Mapping[str, Any]) -> tuple[EndpointSlice | None, 
         zones: frozenset[str] = frozenset()
         has_hints = False
         if isinstance(hints, Mapping) and isinstance(hints.get("forZones"), list):
-            has_hints = True
+            # endpointslicecache.go: an empty forZones list is no hint at all
+            has_hints = bool(hints["forZones"])
             zones = frozenset(z["name"] for z in hints["forZones"]
                               if isinstance(z, Mapping) and isinstance(z.get("name"), str))
         node = e.get("nodeName")
@@ -380,11 +381,15 @@ def parse_node(obj: Mapping[str, Any]) -> tuple[Node | None, list[Problem]]:
     labels = _str_map(meta.get("labels"))
     status = obj.get("status")
     addrs: list[IPAddress] = []
-    for a in _list(status.get("addresses") if isinstance(status, Mapping) else None):
-        if isinstance(a, Mapping) and a.get("type") in ("InternalIP", "ExternalIP"):
-            ip = _ip(a.get("address"))
-            if ip is not None and ip not in addrs:
-                addrs.append(ip)
+    # InternalIPs first, then ExternalIPs, as GetNodeHostIPs orders them: the first address
+    # of a family is the node's primary IP of that family.
+    raw = _list(status.get("addresses") if isinstance(status, Mapping) else None)
+    for kind in ("InternalIP", "ExternalIP"):
+        for a in raw:
+            if isinstance(a, Mapping) and a.get("type") == kind:
+                ip = _ip(a.get("address"))
+                if ip is not None and ip not in addrs:
+                    addrs.append(ip)
     spec = obj.get("spec")
     taints = _list(spec.get("taints")) if isinstance(spec, Mapping) else []
     deleting = bool(meta.get("deletionTimestamp")) or any(

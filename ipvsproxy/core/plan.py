@@ -173,9 +173,10 @@ def _iptables(family: int, want: Mapping[str, Mapping[str, tuple[str, ...]]],
             if obs.get(chain) == rules:
                 continue
             decl.append(f":{chain} - [0:0]")
+            # every chain exists before a rule jumps to it, as in the restore payload
             cmds.append(f"{tool} -t {table} {'-F' if chain in obs else '-N'} {chain}")
             body.extend(rules)
-            cmds.extend(f"{tool} -t {table} {r}" for r in rules)
+        cmds.extend(f"{tool} -t {table} {r}" for r in body)
         for j in T.JUMPS:
             if j.table != table:
                 continue

@@ -47,6 +47,11 @@ def host(a: IPAddress) -> str:
     return f"{a}/{a.max_prefixlen}"
 
 
+def vaddr(a: IPAddress) -> str:
+    """xt_ipvs prints --vaddr without a full-length prefix (libxt_ipvs.c ipvs_mt_dump_addr)."""
+    return str(a)
+
+
 def render_rules(r: RuleInputs) -> dict[str, dict[str, tuple[str, ...]]]:
     fam = r.family
     mark = r.mark
@@ -114,7 +119,7 @@ def render_rules(r: RuleInputs) -> dict[str, dict[str, tuple[str, ...]]]:
     vproto = {"tcp": 6, "udp": 17, "sctp": 132}
     for addr, proto, port in r.out_filter:
         add("filter", "KUBE-IPVS-OUT-FILTER",
-            f"-s {host(addr)} -m ipvs --vaddr {host(addr)} --vproto {vproto[proto]} "
+            f"-s {host(addr)} -m ipvs --vproto {vproto[proto]} --vaddr {vaddr(addr)} "
             f"--vport {port} -j DROP")
     for name in (T.CLUSTER_IP, T.LOAD_BALANCER):
         if name in r.nonempty:
