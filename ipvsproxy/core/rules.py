@@ -33,7 +33,10 @@ class RuleInputs:
 
 
 def q(text: str) -> str:
-    return f'"{text}"'
+    """A quoted comment as iptables-save prints it: \\, " and ' escaped (xtables_save_string);
+    iptables-restore reads it back to the same text."""
+    esc = text.replace("\\", "\\\\").replace('"', '\\"').replace("'", "\\'")
+    return f'"{esc}"'
 
 
 def _comment(set_name: str) -> str:

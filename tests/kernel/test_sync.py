@@ -166,3 +166,59 @@ def test_invalid_objects_are_reported_and_the_rest_programmed(node: None, tmp_pa
     assert "EndpointSlice default/web-2" in out.stderr and "heavy" in out.stderr
     assert "Traceback" not in out.stderr
     assert "-a -t 10.96.10.10:80 -r 10.244.9.9:8080 -m -w 1" in sh("ipvsadm -Sn")
+
+
+def dual_stack() -> list[dict[str, object]]:
+    """A dual-stack NodePort + LoadBalancer service with source ranges, affinity and Local
+    policy, and a UDP and an SCTP one: every rule form, in both families."""
+    def eps(name: str, svc: str, family: str, ips: list[str], proto: str = "TCP"
+            ) -> dict[str, object]:
+        return {"kind": "EndpointSlice", "addressType": family,
+                "metadata": {"namespace": "default", "name": name,
+                             "labels": {"kubernetes.io/service-name": svc}},
+                "ports": [{"name": "p", "port": 8080, "protocol": proto}],
+                "endpoints": [{"addresses": [ip], "nodeName": "node-a"} for ip in ips]}
+    return [
+        {"kind": "Node", "metadata": {"name": "node-a"}, "status": {"addresses": [
+            {"type": "InternalIP", "address": "192.168.1.10"},
+            {"type": "InternalIP", "address": "fd00:1::10"}]}},
+        {"kind": "Service", "metadata": {"namespace": "default", "name": "ds"},
+         "spec": {"type": "LoadBalancer", "clusterIPs": ["10.96.5.5", "fd00:96::5"],
+                  "ipFamilies": ["IPv4", "IPv6"], "externalTrafficPolicy": "Local",
+                  "healthCheckNodePort": 32000, "sessionAffinity": "ClientIP",
+                  "externalIPs": ["198.51.100.7", "2001:db8::7"],
+                  "loadBalancerSourceRanges": ["192.168.1.0/24", "2001:db8:1::/48"],
+                  "ports": [{"name": "p", "port": 80, "nodePort": 30090}]},
+         "status": {"loadBalancer": {"ingress": [{"ip": "203.0.113.5"},
+                                                 {"ip": "2001:db8:2::5"}]}}},
+        eps("ds-4", "ds", "IPv4", ["10.244.1.5"]),
+        eps("ds-6", "ds", "IPv6", ["fd00:244::5"]),
+        {"kind": "Service", "metadata": {"namespace": "default", "name": "u"},
+         "spec": {"type": "NodePort", "clusterIPs": ["10.96.5.6", "fd00:96::6"],
+                  "ports": [{"name": "p", "port": 53, "protocol": "UDP", "nodePort": 30053}]}},
+        eps("u-4", "u", "IPv4", ["10.244.1.6"], "UDP"),
+        eps("u-6", "u", "IPv6", ["fd00:244::6"], "UDP"),
+        {"kind": "Service", "metadata": {"namespace": "default", "name": "s"},
+         "spec": {"type": "NodePort", "clusterIPs": ["10.96.5.7", "fd00:96::7"],
+                  "ports": [{"name": "p", "port": 99, "protocol": "SCTP",
+                             "nodePort": 30099}]}},
+        eps("s-4", "s", "IPv4", ["10.244.1.7"], "SCTP"),
+        eps("s-6", "s", "IPv6", ["fd00:244::7"], "SCTP"),
+    ]
+
+
+def test_dual_stack_every_rule_form_reads_back(node: None, tmp_path: Path) -> None:
+    sh(f"ip addr add fd00:1::10/64 dev {NODE_IF} nodad")
+    p = tmp_path / "ds.yaml"
+    p.write_text(yaml.safe_dump_all(dual_stack()))
+    flags = ["--ip-families", "4,6"]
+    sync(p, *flags)
+    assert sync(p, "--dry-run", *flags).stdout == ""
+    save = sh("ipvsadm -Sn")
+    assert "-A -t [fd00:96::5]:80 -s rr -p 10800" in save
+    assert "-A --sctp-service [fd00:1::10]:30099 -s rr" in save
+    assert "-A -u 192.168.1.10:30053 -s rr" in save
+    assert "fd00:96::5" in sh("ipset list KUBE-6-IPVS-IPS")
+    assert "[fd00:1::10]:30090" in sh("ipvsadm -Ln")
+    ipvsproxy("cleanup")
+    assert "KUBE" not in sh("ip6tables-save") and "KUBE" not in sh("ipset list -n")

@@ -120,11 +120,12 @@ def test_node_port_udp_and_sctp_sets() -> None:
         "-m set --match-set KUBE-NODE-PORT-TCP dst -j KUBE-MARK-MASQ",
         '-p udp -m comment --comment "Kubernetes nodeport UDP port for masquerade purpose" '
         "-m set --match-set KUBE-NODE-PORT-UDP dst -j KUBE-MARK-MASQ",
+    # iptables-save escapes the quotes (xtables_save_string); so do we, to compare lines
         '-p sctp -m comment --comment "Kubernetes nodeport SCTP port with externalTrafficPolicy'
-        "=local with type 'hash ip:port'\" -m set --match-set KUBE-NODE-PORT-LOCAL-SCTP-HASH "
+        "=local with type \\'hash ip:port\\'\" -m set --match-set KUBE-NODE-PORT-LOCAL-SCTP-HASH "
         "dst,dst -j RETURN",
         '-p sctp -m comment --comment "Kubernetes nodeport SCTP port for masquerade purpose with '
-        "type 'hash ip:port'\" -m set --match-set KUBE-NODE-PORT-SCTP-HASH dst,dst "
+        "type \\'hash ip:port\\'\" -m set --match-set KUBE-NODE-PORT-SCTP-HASH dst,dst "
         "-j KUBE-MARK-MASQ",
     ]
 
