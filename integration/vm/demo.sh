@@ -11,8 +11,8 @@ req() {  # req NS URL: one request; prints "pod (seen from ADDRESS)"
     out=$(ip netns exec "$1" curl -s -m 3 "$2/cgi-bin/who"); fi
   echo "${out%% *} (it saw ${out##* })"
 }
-echo "== kernel $(uname -r) (host ${HOST_KERNEL_RELEASE:-?}); $(head -1 /proc/net/ip_vs 2>/dev/null || true)"
 modprobe -a ip_vs ip_vs_rr ip_vs_wrr ip_vs_sh
+echo "== kernel $(uname -r) (host ${HOST_KERNEL_RELEASE:-?}): $(head -1 /proc/net/ip_vs)"
 echo "== pods: pod1 10.244.1.11, pod2 10.244.1.12 (node-a), pod3 10.244.1.13 (node-b); an outside client 192.168.1.100"
 bash integration/vm/pods.sh up pod1 pod2 pod3
 echo "== ipvsproxy sync --once --dry-run --from-file examples/demo.yaml (first lines of the plan)"
