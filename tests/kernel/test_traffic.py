@@ -78,6 +78,9 @@ def cluster(echo_pods: tuple[str, ...] = ("pod1",)) -> list[dict[str, Any]]:
         service("lb-deny", "10.96.2.11", [{**http80[0], "nodePort": 30084}], "LoadBalancer",
                 lb="203.0.113.11", loadBalancerSourceRanges=["198.51.100.0/24"]),
         slice_("lb-deny-1", "lb-deny", ALL, HTTP),
+        service("lb-local", "10.96.2.12", [{**http80[0], "nodePort": 30085}], "LoadBalancer",
+                lb="203.0.113.12", externalTrafficPolicy="Local", healthCheckNodePort=32085),
+        slice_("lb-local-1", "lb-local", ["pod1", "pod3"], HTTP),
         service("sticky", "10.96.0.11", http80, sessionAffinity="ClientIP"),
         slice_("sticky-1", "sticky", ALL, HTTP),
         service("canary", "10.96.0.12", http80, annotations={"ipvsproxy.io/scheduler": "wrr"}),
@@ -176,6 +179,9 @@ def test_load_balancer_ip_and_source_ranges(node: Path) -> None:
     assert {a[1] for a in answers} == {"10.244.1.1"}
     rc, _ = curl("http://203.0.113.11/", ns="client", timeout=2)
     assert rc == 28  # 192.168.1.100 is not in 198.51.100.0/24: dropped
+    # Local policy: only the local pod, and it sees the client's own address
+    assert [who("http://203.0.113.12", ns="client") for _ in range(3)] == \
+        [("pod1", "192.168.1.100")] * 3
 
 
 def test_session_affinity_keeps_a_client_on_one_pod(node: Path) -> None:
