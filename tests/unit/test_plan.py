@@ -203,7 +203,8 @@ def test_returning_real_server_is_weighted_back_up() -> None:
     d = desired(*WEB)
     obs = observed(d)
     k = next(iter(d.services))
-    drained = tuple(ObservedDest(o.dest._replace(weight=0), 3) for o in obs.services[k].dests)
+    drained = tuple(ObservedDest(RealServer(o.dest.key, o.dest.fwd, 0), 3)
+                    for o in obs.services[k].dests)
     plan = diff(d, replace(obs, services={k: replace(obs.services[k], dests=drained)}))
     assert ops(plan) == [("EDIT_DEST", "TCP 10.96.0.10:80", "10.244.1.5:8080", 1),
                          ("EDIT_DEST", "TCP 10.96.0.10:80", "10.244.2.7:8080", 1)]
