@@ -9,7 +9,9 @@ req() {  # req NS URL: one request; prints "pod (seen from ADDRESS)"
   local out
   if [ "$1" = node ]; then out=$(curl -s -m 3 "$2/cgi-bin/who"); else
     out=$(ip netns exec "$1" curl -s -m 3 "$2/cgi-bin/who"); fi
-  echo "${out%% *} (it saw ${out##* })"
+  local seen=${out##* }
+  seen=${seen#"[::ffff:"}  # busybox httpd listens dual-stack
+  echo "${out%% *} (it saw ${seen%]})"
 }
 modprobe -a ip_vs ip_vs_rr ip_vs_wrr ip_vs_sh
 echo "== kernel $(uname -r) (host ${HOST_KERNEL_RELEASE:-?}): $(head -1 /proc/net/ip_vs)"
