@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 from types import ModuleType
@@ -35,6 +36,32 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+def _columns() -> int:
+    """shutil.get_terminal_size().columns, without importing shutil (and with it zlib, bz2 and
+    lzma): argparse builds a help formatter for every argument it adds, and each one asks."""
+    try:
+        columns = int(os.environ["COLUMNS"])
+    except (KeyError, ValueError):
+        columns = 0
+    if columns <= 0:
+        try:
+            columns = os.get_terminal_size(sys.__stdout__.fileno()).columns  # type: ignore[union-attr]
+        except (AttributeError, ValueError, OSError):
+            columns = 0
+    return columns or 80
+
+
+class _Help(argparse.HelpFormatter):
+    def __init__(self, prog: str, indent_increment: int = 2, max_help_position: int = 24,
+                 width: int | None = None) -> None:
+        super().__init__(prog, indent_increment, max_help_position,
+                         _columns() - 2 if width is None else width)
+
+
+class _RawHelp(_Help, argparse.RawDescriptionHelpFormatter):
+    pass
+
+
 class CliError(Exception):
     """A user-facing error: printed as one line, exit code 2."""
 
@@ -43,10 +70,14 @@ def _load(name: str) -> ModuleType:
     return importlib.import_module(SUBCOMMANDS[name][0])
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The whole command line. With `command`, only that subcommand's module is imported (the
+    others are listed with their one-line help but take no arguments): `ipvsproxy ls` must not
+    pay for importing what `sync` or `run` need."""
     parser = argparse.ArgumentParser(
         prog="ipvsproxy",
         description="ipvsproxy: a Kubernetes service proxy that programs Linux IPVS over netlink.",
+        formatter_class=_Help,
     )
     parser.add_argument("--version", action="version", version=f"ipvsproxy {__version__}")
     parser.add_argument(
@@ -59,20 +90,31 @@ def build_parser() -> argparse.ArgumentParser:
     )
     subs = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, (_, help_text) in SUBCOMMANDS.items():
+        if command is not None and name != command:
+            subs.add_parser(name, help=help_text, formatter_class=_Help)
+            continue
         module = _load(name)
         sub = subs.add_parser(
             name,
             help=help_text,
             description=getattr(module, "DESCRIPTION", help_text),
-            formatter_class=argparse.RawDescriptionHelpFormatter,
+            formatter_class=_RawHelp,
             **getattr(module, "PARSER_OPTIONS", {}),
         )
         module.add_arguments(sub)
     return parser
 
 
+def _command(argv: Sequence[str]) -> str | None:
+    """The subcommand named on the command line: the first word that is one (no global option
+    takes a subcommand's name as its value)."""
+    return next((a for a in argv if a in SUBCOMMANDS), None)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    if argv is None:
+        argv = sys.argv[1:]
+    args = build_parser(_command(argv) or "").parse_args(argv)
     module = _load(args.command)
     if getattr(module, "LOGS", True):
         # structlog pulls in asyncio: seconds under emulation. Listing commands skip it.

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import gc
 import os
 import socket
 import sys
@@ -19,7 +20,6 @@ from ipaddress import IPv4Address, IPv6Address
 from typing import Any
 
 from ipvsproxy.core.ipvs import AF_INET, AF_INET6, Protocol, ServiceKey
-from ipvsproxy.core.ipvsadm_conn import CONN_PROC_FILE, list_conn
 from ipvsproxy.core.ipvsadm_format import (
     FMT_EXACT,
     FMT_NOSORT,
@@ -292,6 +292,8 @@ def render(req: Request, names: dict[ServiceKey, str] | None = None) -> str:
     """Ask the kernel and render; raises IpvsadmExit where ipvsadm exits non-zero."""
     resolver = SystemResolver()
     if 1 in req.options:
+        from ipvsproxy.core.ipvsadm_conn import CONN_PROC_FILE, list_conn
+
         try:
             with open(CONN_PROC_FILE, encoding="latin-1", newline="") as f:
                 text = f.read()
@@ -326,6 +328,18 @@ def render(req: Request, names: dict[ServiceKey, str] | None = None) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    # A listing allocates a few objects per real server and frees them all at exit: the cyclic
+    # garbage collector would only walk them over and over.
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        return _run(args)
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def _run(args: argparse.Namespace) -> int:
     try:
         req = parse_request(args.ipvsadm_opts)
         if args.services and (req.cmd == CMD_SAVE or req.options & {1, 12}):

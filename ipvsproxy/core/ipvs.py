@@ -3,6 +3,12 @@
 These are the words every other part speaks: the desired state produces them, the kernel layer
 observes and applies them, the ipvsadm renderer prints them. Constants follow
 include/uapi/linux/ip_vs.h.
+
+The values a dump builds per real server (DestKey, RealServer, Stats, ObservedDest) are
+NamedTuples, not dataclasses: a tuple type is built in C (a frozen dataclass sets each field
+through object.__setattr__, about 8x slower) and hashes in C. They are immutable all the same;
+change a field with `_replace` (not dataclasses.replace). Unlike dataclasses they compare equal
+to a plain tuple of the same values.
 """
 
 from __future__ import annotations
@@ -90,8 +96,9 @@ class VirtualServer:
         return 128 if self.key.af == AF_INET6 else 0xFFFFFFFF
 
 
-@dataclass(frozen=True, slots=True, order=True)
-class DestKey:
+class DestKey(NamedTuple):
+    """What identifies a real server within its virtual server."""
+
     addr: IPAddress
     port: int
 
@@ -100,8 +107,7 @@ class DestKey:
         return f"{host}:{self.port}"
 
 
-@dataclass(frozen=True, slots=True)
-class RealServer:
+class RealServer(NamedTuple):
     """A real server (destination) of a virtual server, as configured (no counters)."""
 
     key: DestKey
@@ -119,11 +125,7 @@ class RealServer:
 
 
 class Stats(NamedTuple):
-    """IPVS counters (64-bit) and rates, as the kernel's IPVS_*_ATTR_STATS64 carries them.
-
-    A NamedTuple, not a dataclass: one is built per real server on every dump, and a tuple is
-    built in C (immutable all the same).
-    """
+    """IPVS counters (64-bit) and rates, as the kernel's IPVS_*_ATTR_STATS64 carries them."""
 
     conns: int = 0
     inpkts: int = 0
@@ -137,17 +139,20 @@ class Stats(NamedTuple):
     outbps: int = 0
 
 
-@dataclass(frozen=True, slots=True)
-class ObservedDest:
+class ObservedDest(NamedTuple):
+    """A real server as the kernel reports it: configuration, connection counts, counters."""
+
     dest: RealServer
     active_conns: int = 0
     inact_conns: int = 0
     persist_conns: int = 0
-    stats: Stats = field(default_factory=Stats)
+    stats: Stats = Stats()
 
 
 @dataclass(frozen=True, slots=True)
 class ObservedService:
+    """A virtual server as the kernel reports it, with its real servers and counters."""
+
     service: VirtualServer
     dests: tuple[ObservedDest, ...] = ()
     stats: Stats = field(default_factory=Stats)
@@ -155,6 +160,8 @@ class ObservedService:
 
 @dataclass(frozen=True, slots=True)
 class IpvsInfo:
+    """IPVS_CMD_GET_INFO: the IPVS version and the connection hash table size."""
+
     version: int  # (major << 16) | (minor << 8) | patch
     conn_tab_size: int
 
@@ -166,6 +173,8 @@ class IpvsInfo:
 
 @dataclass(frozen=True, slots=True)
 class Timeouts:
+    """Connection timeouts in seconds (ipvsadm --set tcp tcpfin udp)."""
+
     tcp: int
     tcp_fin: int
     udp: int

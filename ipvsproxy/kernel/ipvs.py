@@ -9,13 +9,17 @@ send (netlink_rcv_skb walks every message of the buffer and acks each one, failu
 one failed operation never loses the others. NETLINK_CAP_ACK keeps acks small and a large receive
 buffer holds a whole batch of them.
 
-Dumps cannot be pipelined on one socket (netlink_dump_start answers EBUSY while a dump runs), so
-real servers are dumped per virtual server, one request after another, as ipvsadm does.
+Real servers are dumped per virtual server (the kernel wants the service in the request), as
+ipvsadm does. One socket runs one dump at a time (netlink_dump_start answers EBUSY while a dump
+runs), so dump() pipelines them over many sockets: a request on each, then the replies of each,
+decoded once a few MiB are read. Each socket still runs one dump at a time, in order; in the
+emulated lab this is about 20% faster than one request after another (measured).
 """
 
 from __future__ import annotations
 
 import errno as errno_mod
+import gc
 import os
 import socket
 from collections.abc import Iterable, Sequence
@@ -46,6 +50,42 @@ CTRL_CMD_GETFAMILY = 3
 CTRL_ATTR_FAMILY_ID = 1
 CTRL_ATTR_FAMILY_NAME = 2
 _RECV = 1 << 20
+_DUMP_RECV = 64 << 10  # a dump reply buffer (skb) is at most 32 KiB
+
+
+PIPELINE = 64  # sockets dump() runs real-server dumps on, one dump in flight on each
+COLLECT = 4 << 20  # bytes of replies dump() reads before it decodes them
+
+
+def _dump_socket() -> socket.socket:
+    sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_GENERIC)
+    sock.bind((0, 0))
+    sock.settimeout(30.0)
+    return sock
+
+
+def _read_dump(sock: socket.socket, view: memoryview, seq: int) -> tuple[list[bytes], int | None]:
+    """The data buffers of the dump `seq`, and how it ended: 0 (a buffer with NLMSG_DONE
+    first), the errno of an NLMSG_ERROR, or None when the NLMSG_DONE came at the end of the
+    last data buffer (the decoder meets it there).
+
+    An IPVS dump sends its NLMSG_DONE alone, in the buffer after the last data (ip_vs_ctl.c's
+    dump callbacks return the length they wrote, so netlink_dump ends the dump only on a call
+    that wrote nothing): the first message tells. A buffer that ends with what looks like our
+    NLMSG_DONE is walked message by message to be sure."""
+    bufs: list[bytes] = []
+    while True:
+        n = sock.recv_into(view)
+        if n >= 16:
+            _len, mtype, _flags, mseq, _pid = c.HDR.unpack_from(view)
+            if mseq == seq and mtype in (c.NLMSG_DONE, c.NLMSG_ERROR):
+                return bufs, c.error_code(view[16:n]) if mtype == c.NLMSG_ERROR else 0
+        bufs.append(view[:n].tobytes())
+        if n >= 36:
+            length, mtype, _flags, mseq, _pid = c.HDR.unpack_from(view, n - 20)
+            if (length, mtype, mseq) == (20, c.NLMSG_DONE, seq) and any(
+                    t == c.NLMSG_DONE and s == seq for t, _f, s, _p in c.iter_messages(view[:n])):
+                return bufs, None
 
 
 class IpvsUnavailable(RuntimeError):
@@ -159,6 +199,7 @@ class IpvsClient:
         self.sock.settimeout(30.0)
         self._seq = 0
         self._decoder = c.DumpDecoder()
+        self._view = memoryview(bytearray(_DUMP_RECV))
 
     def close(self) -> None:
         self.sock.close()
@@ -210,11 +251,10 @@ class IpvsClient:
 
     # ---------------------------------------------------------------------------- observe
 
-    def _request(self, cmd: int, attrs: bytes = b"", dump: bool = False) -> list[memoryview]:
-        """Send one request, return the payloads of its reply messages (raise on error)."""
+    def _request(self, cmd: int, attrs: bytes = b"") -> list[memoryview]:
+        """Send one request (not a dump), return the payloads of its replies (raise on error)."""
         seq = self._next_seq()
-        flags = c.NLM_F_REQUEST | (c.NLM_F_DUMP if dump else c.NLM_F_ACK)
-        self.sock.send(c.message(self.family, cmd, flags, seq, attrs))
+        self.sock.send(c.message(self.family, cmd, c.NLM_F_REQUEST | c.NLM_F_ACK, seq, attrs))
         out: list[memoryview] = []
         while True:
             buf = self._recv()
@@ -234,19 +274,92 @@ class IpvsClient:
             if done:
                 return out
 
-    def services(self) -> list[tuple[VirtualServer, Stats]]:
-        return [c.decode_service(p) for p in self._request(c.CMD_GET_SERVICE, dump=True)]
+    def services(self, stats: bool = True) -> list[tuple[VirtualServer, Stats]]:
+        out: list[tuple[VirtualServer, Stats]] = []
+        seq = self._next_seq()
+        decode, view, recv_into = self._decoder.services, self._view, self.sock.recv_into
+        self.sock.send(c.message(self.family, c.CMD_GET_SERVICE, c.NLM_F_REQUEST | c.NLM_F_DUMP,
+                                 seq))
+        while (err := decode(view[:recv_into(view)], seq, out, stats)) is None:
+            pass
+        if err:
+            raise OSError(err, f"IPVS command {c.CMD_GET_SERVICE}: {os.strerror(err)}")
+        return out
 
-    def dests(self, key: ServiceKey) -> tuple[ObservedDest, ...]:
-        attrs = c.nested(c.A_SERVICE, c.service_key_attrs(key))
-        dec = self._decoder
-        return tuple(dec.dest(p, key.af) for p in self._request(c.CMD_GET_DEST, attrs, dump=True))
+    def dests(self, key: ServiceKey, stats: bool = True) -> tuple[ObservedDest, ...]:
+        # Each receive buffer is read into the one preallocated buffer; the decoder copies what
+        # it keeps. The kernel sends at most one dump buffer (skb) of 32 KiB per receive.
+        out: list[ObservedDest] = []
+        seq = self._next_seq()
+        af, decode, view, recv_into = key.af, self._decoder.dests, self._view, self.sock.recv_into
+        self.sock.send(c.dest_dump_request(self.family, seq, key))
+        while (err := decode(view[:recv_into(view)], seq, af, out, stats)) is None:
+            pass
+        if err:
+            raise OSError(err, f"IPVS command {c.CMD_GET_DEST}: {os.strerror(err)}")
+        return tuple(out)
 
     def dump(self, stats: bool = True) -> list[ObservedService]:
-        """Every virtual server with its real servers, counters and rates, in kernel order."""
-        del stats  # the kernel always sends counters; decoding them is cheap
-        return [c.ServiceWithStats(vs, st).observed(self.dests(vs.key))
-                for vs, st in self.services()]
+        """Every virtual server with its real servers, in kernel order. With stats=False the
+        counters and rates are not decoded (they read as zero): the sync path needs none."""
+        self._decoder.new_dump()
+        # A dump allocates ~5 objects per real server, none of them in a cycle: the cyclic
+        # garbage collector would scan all of them again and again (a third of the time).
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            services = self.services(stats)
+            if not services:
+                return []
+            socks = [_dump_socket() for _ in range(min(PIPELINE, len(services)))]
+            try:
+                return self._dests_pipelined(services, socks, stats)
+            finally:
+                for sock in socks:
+                    sock.close()
+        finally:
+            if collecting:
+                gc.enable()
+
+    def _dests_pipelined(self, services: list[tuple[VirtualServer, Stats]],
+                         socks: list[socket.socket], stats: bool) -> list[ObservedService]:
+        """The real servers of every service. A request on every socket, then every reply
+        buffer of each (copied), again and again until COLLECT bytes are read; then the
+        decoding of those services. Under emulation, kernel work and Python work in long
+        stretches run faster than finely interleaved (each evicts the other's translated code
+        from the emulator's cache)."""
+        out: list[ObservedService] = []
+        decode, view, family = self._decoder.dests, self._view, self.family
+        replies: list[tuple[int, list[bytes], int | None]] = []
+        size = 0
+        for start in range(0, len(services), len(socks)):
+            part = services[start:start + len(socks)]
+            seqs = []
+            for sock, (vs, _) in zip(socks, part, strict=False):
+                seq = self._next_seq()
+                sock.send(c.dest_dump_request(family, seq, vs.key))
+                seqs.append(seq)
+            for sock, seq in zip(socks, seqs, strict=False):
+                bufs, end = _read_dump(sock, view, seq)
+                replies.append((seq, bufs, end))
+                size += sum(map(len, bufs))
+            if size < COLLECT and start + len(socks) < len(services):
+                continue
+            for (seq, bufs, end), (vs, st) in zip(replies, services[len(out):], strict=False):
+                dests: list[ObservedDest] = []
+                af, err = vs.key.af, end
+                for buf in bufs:
+                    got = decode(memoryview(buf), seq, af, dests, stats)
+                    if got is not None:
+                        err = got
+                        break
+                if err is None:
+                    raise c.DecodeError("a real-server dump ended without NLMSG_DONE")
+                if err:
+                    raise OSError(err, f"IPVS command {c.CMD_GET_DEST}: {os.strerror(err)}")
+                out.append(ObservedService(vs, tuple(dests), st))
+            replies, size = [], 0
+        return out
 
     def get_service(self, key: ServiceKey) -> ObservedService | None:
         try:

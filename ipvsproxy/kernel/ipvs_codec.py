@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from ipaddress import IPv4Address, IPv6Address
 from operator import itemgetter
-from socket import ntohs
-from typing import Any
+from socket import htons, ntohl, ntohs
+from typing import Any, TypeVar
 
 from ipvsproxy.core.ipvs import (
     AF_INET,
@@ -27,7 +26,6 @@ from ipvsproxy.core.ipvs import (
     Fwd,
     IpvsInfo,
     ObservedDest,
-    ObservedService,
     Protocol,
     RealServer,
     ServiceKey,
@@ -63,7 +61,7 @@ D_TUN_TYPE, D_TUN_PORT, D_TUN_FLAGS = 13, 14, 15
 I_VERSION, I_CONN_TAB_SIZE = 1, 2
 
 NLA_F_NESTED = 0x8000
-_HDR = struct.Struct("=IHHII")  # nlmsghdr: len, type, flags, seq, pid
+_HDR = HDR = struct.Struct("=IHHII")  # nlmsghdr: len, type, flags, seq, pid
 _GENL = struct.Struct("=BBH")  # genlmsghdr: cmd, version, reserved
 _NLA = struct.Struct("=HH")
 _U16 = struct.Struct("=H")
@@ -284,119 +282,463 @@ def decode_timeouts(payload: memoryview) -> Timeouts:
     return Timeouts(_u32(a, A_TIMEOUT_TCP), _u32(a, A_TIMEOUT_TCP_FIN), _u32(a, A_TIMEOUT_UDP))
 
 
-@dataclass(frozen=True, slots=True)
-class ServiceWithStats:
-    service: VirtualServer
-    stats: Stats
-
-    def observed(self, dests: tuple[ObservedDest, ...]) -> ObservedService:
-        return ObservedService(self.service, dests, self.stats)
-
-
 # ------------------------------------------------------------------- fast path for dumps
 #
 # Every real server (and every virtual server with the same scheduler name) comes back from the
-# kernel in the same attribute layout (ip_vs_ctl.c ip_vs_genl_fill_dest / _fill_service).
-# Decoding attribute by attribute costs ~35 Python loop turns per real server. A Layout is learned
-# from one message decoded the generic way; afterwards one struct call reads every attribute
-# header (compared with the learned ones, so any difference falls back to the generic path) and
-# a second reads every value.
+# kernel in the same attribute layout (ip_vs_ctl.c ip_vs_genl_fill_dest / _fill_service), and
+# one receive buffer holds many such messages back to back. A Shape is learned from a message the
+# generic decoder accepted: one struct.Struct reads the values of a whole message, and
+# struct.iter_unpack reads a run of same-length messages in one C call. A message goes through a
+# Shape only if its length, type, every attribute header and its address family equal the
+# learned ones (checked for a whole run at once, as one masked big-integer comparison) and its
+# sequence number is the request's; any other message goes through the generic decoder, which
+# then learns its shape. Values become NamedTuples straight from the unpacked tuple (tuple.__new__,
+# no Python-level constructor), and real servers with the same address share one address object.
 
 _NESTS = {(A_SERVICE,), (A_DEST,), (A_SERVICE, S_STATS), (A_SERVICE, S_STATS64),
           (A_DEST, D_STATS), (A_DEST, D_STATS64)}
-_LEAF_FMT = {1: "B", 2: "H", 4: "I", 8: "Q"}
-_BYTES = {(A_DEST, D_ADDR), (A_SERVICE, S_ADDR)}  # addresses stay bytes whatever their length
 
 
-class Layout:
-    __slots__ = ("fields", "hdr", "headers", "length", "val")
+def _ipv4_maker() -> Callable[[int], IPv4Address]:
+    """IPv4Address(ntohl(n)) for an IPv4 address read as a native u32 n, without the
+    constructor's Python-level checks: the object is made as IPv4Address.__init__ makes it, its
+    one slot `_ip` set. A dump makes one per real server; this halves the cost. It is checked
+    here against the real constructor (and the class's slots); if this Python's ipaddress
+    differs, the real constructor is used."""
+    new = object.__new__
 
-    def __init__(self, payload: memoryview) -> None:
-        heads: list[tuple[int, int, int]] = []  # offset, len, type
-        leaves: list[tuple[int, str, tuple[int, ...]]] = []  # offset, fmt, path
+    def make(n: int) -> IPv4Address:
+        addr = new(IPv4Address)
+        addr._ip = ntohl(n)  # type: ignore[attr-defined]
+        return addr
 
-        def walk(start: int, end: int, path: tuple[int, ...]) -> None:
-            off = start
-            while off + 4 <= end:
-                n, t = _NLA.unpack_from(payload, off)
-                if n < 4 or off + n > end:
-                    raise DecodeError("bad attribute while learning a layout")
-                heads.append((off, n, t))
-                p = (*path, t & 0x3FFF)
-                if p in _NESTS:
-                    walk(off + 4, off + n, p)
-                elif n > 4:
-                    fmt = f"{n - 4}s" if p in _BYTES else _LEAF_FMT.get(n - 4, f"{n - 4}s")
-                    leaves.append((off + 4, fmt, p))
-                off += (n + 3) & ~3
+    def make_slowly(n: int) -> IPv4Address:
+        return IPv4Address(ntohl(n))
 
-        self.length = len(payload)
-        walk(4, self.length, ())
-        self.hdr = struct.Struct(_packed([(o, "HH") for o, _, _ in heads]))
-        self.headers = tuple(x for _, n, t in heads for x in (n, t))
-        self.val = struct.Struct(_packed([(o, f) for o, f, _ in leaves]))
-        self.fields = {p: i for i, (_, _, p) in enumerate(leaves)}
-
-    def values(self, payload: memoryview) -> tuple[Any, ...] | None:
-        if len(payload) != self.length or self.hdr.unpack_from(payload) != self.headers:
-            return None
-        return self.val.unpack_from(payload)
+    slots = {s for cls in IPv4Address.__mro__ for s in cls.__dict__.get("__slots__", ())}
+    try:
+        probe, real = make(0x010AA8C0), IPv4Address("192.168.10.1")
+        same = (slots == {"_ip", "__weakref__"} and probe == real and hash(probe) == hash(real)
+                and str(probe) == str(real) and probe.packed == real.packed)
+    except Exception:  # any surprise means: use the real constructor
+        same = False
+    return make if same else make_slowly
 
 
-def _packed(items: list[tuple[int, str]]) -> str:
-    fmt, cur = ["="], 0
-    for off, f in sorted(items):
-        fmt.append(f"{off - cur}x{f}" if off > cur else f)
-        cur = off + struct.calcsize("=" + f)
-    return "".join(fmt)
-
-
-_DEST_FIELDS = [(A_DEST, t) for t in (D_AF, D_ADDR, D_PORT, D_FWD, D_WEIGHT, D_UTHRESH,
-                                        D_LTHRESH, D_TUN_TYPE, D_TUN_PORT, D_TUN_FLAGS,
-                                        D_ACTIVE, D_INACT, D_PERSIST)]
+_ipv4 = _ipv4_maker()  # a native u32 -> IPv4Address
 _FWDS = (Fwd.MASQ, Fwd.LOCALNODE, Fwd.TUNNEL, Fwd.ROUTE, Fwd.BYPASS, Fwd.MASQ, Fwd.MASQ, Fwd.MASQ)
+_PROTOS = {int(p): p for p in Protocol}
+_NO_STATS = Stats()
+_new = tuple.__new__  # builds a NamedTuple from a tuple of its fields, in C
+
+# How the fast path reads an attribute of a given value length: a struct format, None (treated
+# as absent, as the generic decoder treats it) or _SHORT (the generic decoder rejects it).
+_SHORT = "short"
 
 
-def _getter(lay: Layout, paths: Sequence[tuple[int, ...]]) -> Callable[[tuple[Any, ...]], Any]:
-    # Missing attributes read the 0 appended after the values (index -1).
-    return itemgetter(*[lay.fields.get(p, -1) for p in paths])
+def _fixed(fmt: str, short: str | None = _SHORT) -> Callable[[int], str | None]:
+    need = struct.calcsize("=" + fmt)
+    return lambda n: fmt if n >= need else short
+
+
+def _stats_readers(nest: tuple[int, ...]) -> dict[tuple[int, ...], Callable[[int], str | None]]:
+    wide = nest[1] == S_STATS64  # == D_STATS64
+    return {(*nest, t): _fixed("Q") if wide or t in (4, 5) else _fixed("I", None)
+            for t in range(1, 11)}
+
+
+def _addr_reader(af: int) -> Callable[[int], str | None]:
+    # An IPv4 address reads as a native u32 (ntohl gives its number), an IPv6 one as bytes.
+    return _fixed("16s") if af == AF_INET6 else _fixed("I")
+
+
+def _addr_maker(af: int) -> Callable[[Any], IPv4Address | IPv6Address]:
+    """Makes the address object of an address as _addr_reader reads it."""
+    return IPv6Address if af == AF_INET6 else _ipv4
+
+
+def _walk(msg: memoryview, start: int, end: int, path: tuple[int, ...],
+          out: list[tuple[int, tuple[int, ...]]]) -> None:
+    off = start
+    while off + 4 <= end:
+        n, t = _NLA.unpack_from(msg, off)
+        if n < 4 or off + n > end:
+            raise DecodeError("bad attribute while learning a layout")
+        p = (*path, t & 0x3FFF)
+        out.append((off, p))
+        if p in _NESTS:
+            _walk(msg, off + 4, off + n, p, out)
+        off += (n + 3) & ~3
+
+
+class Shape:
+    """A learned message layout (see above).
+
+    `st` reads the sequence number (index 0) and the values of a message; `at[path]` is the
+    index of an attribute's value (an attribute that is absent, or that the generic decoder reads
+    as absent, is not in `at`). The rest of a message must equal the learned one: its length,
+    type, every attribute header and the `checked` values. `run()` tests that for many messages
+    at once, as big integers: the bytes of a run, masked, equal the learned bytes repeated.
+    """
+
+    __slots__ = ("_mask", "_runs", "at", "count", "size", "st")
+
+    def __init__(self, msg: memoryview,
+                 readers: Callable[[tuple[int, ...]], Callable[[int], str | None] | None],
+                 checked: Sequence[tuple[int, ...]] = ()) -> None:
+        length = int(_U32.unpack_from(msg)[0])
+        heads: list[tuple[int, tuple[int, ...]]] = []
+        _walk(msg, 20, length, (), heads)
+        if len({p for _, p in heads}) != len(heads):
+            raise DecodeError("an attribute repeats: not learned")
+        self.size = (length + 3) & ~3
+        mask = bytearray(self.size)
+        mask[0:6] = b"\xff" * 6  # nlmsg_len, nlmsg_type (not flags, seq, pid)
+        items: list[tuple[int, str, tuple[int, ...]]] = [(8, "I", ())]  # the sequence number
+        for off, p in heads:
+            n = int(_NLA.unpack_from(msg, off)[0])
+            mask[off:off + 4] = b"\xff" * 4
+            reader = readers(p)
+            fmt = reader(n - 4) if reader is not None else None
+            if fmt is _SHORT:
+                raise DecodeError(f"attribute {p} too short: not learned")
+            if fmt is not None:
+                items.append((off + 4, fmt, p))
+                if p in checked:
+                    width = struct.calcsize("=" + fmt)
+                    mask[off + 4:off + 4 + width] = b"\xff" * width
+        items.sort(key=lambda it: it[0])
+        parts, cur = ["="], 0
+        for off, fmt, _ in items:
+            if off < cur:
+                raise DecodeError("overlapping attributes: not learned")
+            parts.append(f"{off - cur}x{fmt}")
+            cur = off + struct.calcsize("=" + fmt)
+        if cur > self.size:
+            raise DecodeError("attributes overrun the message: not learned")
+        parts.append(f"{self.size - cur}x")
+        self.st = struct.Struct("".join(parts))
+        self.count = len(items)
+        self.at = {key: i for i, (_, _, key) in enumerate(items) if key}
+        learned = bytes(msg[:self.size]).ljust(self.size, b"\0")
+        self._mask = (bytes(mask), bytes(a & b for a, b in zip(learned, mask, strict=True)))
+        self._runs: dict[int, tuple[int, int]] = {}
+
+    def _masks(self, m: int) -> tuple[int, int]:
+        got = self._runs.get(m)
+        if got is None:
+            if len(self._runs) > 64:
+                self._runs.clear()
+            mask, want = self._mask
+            got = self._runs[m] = (int.from_bytes(mask * m, "little"),
+                                   int.from_bytes(want * m, "little"))
+        return got
+
+    def run(self, buf: memoryview, off: int, end: int) -> memoryview | None:
+        """The longest run of messages of this shape at off (None: not even one)."""
+        size = self.size
+        m = (end - off) // size
+        if not m:
+            return None
+        run = buf[off:off + m * size]
+        mask, want = self._masks(m)
+        if int.from_bytes(run, "little") & mask == want:
+            return run
+        mask, want = self._masks(1)
+        k = 0
+        while k < m and int.from_bytes(run[k * size:(k + 1) * size], "little") & mask == want:
+            k += 1
+        return run[:k * size] if k else None
+
+    def getter(self, paths: Sequence[tuple[int, ...]]) -> Callable[[tuple[Any, ...]], Any]:
+        """Reads these paths from a value tuple; absent ones read the 0 appended at `count`."""
+        at = [self.at.get(p, self.count) for p in paths]
+        if len(at) > 1 and at == list(range(at[0], at[0] + len(at))):
+            return itemgetter(slice(at[0], at[0] + len(at)))  # one slice (the counters)
+        return itemgetter(*at)
+
+    def complete(self, paths: Sequence[tuple[int, ...]]) -> bool:
+        return all(p in self.at for p in paths)
+
+
+_D = [(A_DEST, t) for t in (D_ADDR, D_PORT, D_FWD, D_WEIGHT, D_UTHRESH, D_LTHRESH, D_TUN_TYPE,
+                            D_TUN_PORT, D_TUN_FLAGS, D_ACTIVE, D_INACT, D_PERSIST)]
+_S = [(A_SERVICE, t) for t in (S_PROTOCOL, S_ADDR, S_PORT, S_FWMARK, S_SCHED, S_FLAGS, S_TIMEOUT,
+                               S_NETMASK, S_PE_NAME)]
+
+
+def _stats_paths(paths: set[tuple[int, ...]], top: int, wide: int,
+                 narrow: int) -> list[tuple[int, ...]] | None:
+    """The ten counter paths the generic decoder reads: the 64-bit nest if present, else the
+    32-bit one, else none (all zero)."""
+    for nest in (wide, narrow):
+        if (top, nest) in paths:
+            return [(top, nest, t) for t in range(1, 11)]
+    return None
+
+
+class _DestShape:
+    __slots__ = ("fields", "make_addr", "pad", "shape", "stats")
+
+    def __init__(self, msg: memoryview, svc_af: int) -> None:
+        heads: list[tuple[int, tuple[int, ...]]] = []
+        _walk(msg, 20, int(_U32.unpack_from(msg)[0]), (), heads)
+        paths = {p for _, p in heads}
+        af = svc_af
+        af_path = (A_DEST, D_AF)
+        if af_path in paths:  # the family decides the address format: learn it first
+            af_off = next(off for off, p in heads if p == af_path)
+            if int(_NLA.unpack_from(msg, af_off)[0]) < 6:
+                raise DecodeError("short address family: not learned")
+            af = int(_U16.unpack_from(msg, af_off + 4)[0]) or svc_af
+        self.make_addr = _addr_maker(af)
+        readers: dict[tuple[int, ...], Callable[[int], str | None]] = {
+            (A_DEST, D_ADDR): _addr_reader(af), af_path: _fixed("H"),
+            (A_DEST, D_TUN_TYPE): _fixed("B", None)}
+        for t in (D_PORT, D_TUN_PORT, D_TUN_FLAGS):
+            readers[(A_DEST, t)] = _fixed("H")
+        for t in (D_FWD, D_WEIGHT, D_UTHRESH, D_LTHRESH, D_ACTIVE, D_INACT, D_PERSIST):
+            readers[(A_DEST, t)] = _fixed("I")
+        stats = _stats_paths(paths, A_DEST, D_STATS64, D_STATS)
+        if stats:  # only the nest the generic decoder reads
+            readers.update(_stats_readers(stats[0][:2]))
+        shape = Shape(msg, readers.get, [af_path])
+        if (A_DEST,) not in paths or not shape.complete(_D[:1]):
+            raise DecodeError("no address: not learned")
+        self.shape = shape
+        self.fields = shape.getter(_D)
+        self.stats = shape.getter(stats) if stats else None
+        self.pad = not shape.complete(_D + (stats or []))
+
+    def decode(self, buf: memoryview, off: int, end: int, seq: int, out: list[ObservedDest],
+               dec: DumpDecoder, with_stats: bool) -> int:
+        """Decode the run of messages of this shape at off; the bytes consumed (0: none)."""
+        shape = self.shape
+        run = shape.run(buf, off, end)
+        if run is None:
+            return 0
+        fields, pad, make_addr = self.fields, self.pad, self.make_addr
+        stats = self.stats if with_stats else None
+        addrs = dec.addrs
+        addr_of, old_addr_of = addrs.get, dec.old_addrs.get
+        append = out.append
+        done = 0
+        for v in shape.st.iter_unpack(run):
+            if v[0] != seq:
+                break
+            if pad:
+                v += (0,)
+            raw, port, fwd, weight, uth, lth, ttype, tport, tflags, act, inact, pers = fields(v)
+            addr = addr_of(raw)
+            if addr is None:
+                addr = addrs[raw] = old_addr_of(raw) or make_addr(raw)
+            rs = _new(RealServer, (_new(DestKey, (addr, ntohs(port))), _FWDS[fwd & CONN_F_FWD_MASK],
+                                   weight, uth, lth, ttype, tport and ntohs(tport), tflags))
+            append(_new(ObservedDest, (rs, act, inact, pers,
+                                       _NO_STATS if stats is None else _new(Stats, stats(v)))))
+            done += 1
+        return done * shape.size
+
+
+class _ServiceShape:
+    __slots__ = ("af", "fields", "make_addr", "netmask", "pad", "shape", "stats")
+
+    def __init__(self, msg: memoryview) -> None:
+        heads: list[tuple[int, tuple[int, ...]]] = []
+        _walk(msg, 20, int(_U32.unpack_from(msg)[0]), (), heads)
+        paths = {p for _, p in heads}
+        af_path = (A_SERVICE, S_AF)
+        self.af = 0
+        if af_path in paths:
+            af_off = next(off for off, p in heads if p == af_path)
+            if int(_NLA.unpack_from(msg, af_off)[0]) < 6:
+                raise DecodeError("short address family: not learned")
+            self.af = int(_U16.unpack_from(msg, af_off + 4)[0])
+        self.make_addr = _addr_maker(self.af)
+
+        def bytes_reader(n: int) -> str:
+            return f"{n}s"
+
+        readers: dict[tuple[int, ...], Callable[[int], str | None]] = {
+            af_path: _fixed("H"), (A_SERVICE, S_PROTOCOL): _fixed("H"),
+            (A_SERVICE, S_ADDR): _addr_reader(self.af), (A_SERVICE, S_PORT): _fixed("H"),
+            (A_SERVICE, S_FWMARK): _fixed("I"), (A_SERVICE, S_SCHED): bytes_reader,
+            (A_SERVICE, S_PE_NAME): bytes_reader, (A_SERVICE, S_FLAGS): _fixed("I"),
+            (A_SERVICE, S_TIMEOUT): _fixed("I"), (A_SERVICE, S_NETMASK): _fixed("I", None)}
+        stats = _stats_paths(paths, A_SERVICE, S_STATS64, S_STATS)
+        if stats:
+            readers.update(_stats_readers(stats[0][:2]))
+        shape = Shape(msg, readers.get, [af_path])
+        if (A_SERVICE,) not in paths:
+            raise DecodeError("no service: not learned")
+        # netmask: absent (or short) reads -1; IPv6 carries a prefix length in host order
+        self.netmask = (0 if (A_SERVICE, S_NETMASK) not in shape.at
+                        else 1 if self.af == AF_INET6 else 2)
+        self.shape = shape
+        # A service has an address unless it has a fwmark; without one the generic decoder
+        # raises, so such a shape is used for fwmark services only (a 0 mark falls back).
+        self.fields = shape.getter(_S)
+        self.stats = shape.getter(stats) if stats else None
+        self.pad = not shape.complete(_S + (stats or []))
+
+    def decode(self, buf: memoryview, off: int, end: int, seq: int,
+               out: list[tuple[VirtualServer, Stats]], dec: DumpDecoder, with_stats: bool) -> int:
+        shape = self.shape
+        run = shape.run(buf, off, end)
+        if run is None:
+            return 0
+        fields, pad, af = self.fields, self.pad, self.af
+        has_addr = (A_SERVICE, S_ADDR) in shape.at
+        nm_mode = self.netmask
+        stats = self.stats if with_stats else None
+        addr_of = dec.addrs.get
+        name_of = dec.names.get
+        done = 0
+        for v in shape.st.iter_unpack(run):
+            if v[0] != seq:
+                break
+            if pad:
+                v += (0,)
+            proto, raw, port, fwmark, sched, flags, timeout, nm, pe = fields(v)
+            if fwmark:
+                key = ServiceKey(af, Protocol.NONE, None, 0, fwmark)
+            else:
+                protocol = _PROTOS.get(proto)
+                if protocol is None or not has_addr:
+                    break  # the generic decoder says what is wrong with it
+                addr = addr_of(raw)
+                if addr is None:
+                    addr = dec.addrs[raw] = dec.old_addrs.get(raw) or self.make_addr(raw)
+                key = ServiceKey(af, protocol, addr, ntohs(port))
+            out.append((VirtualServer(key, (name_of(sched) or dec.name(sched)) if sched else "",
+                                      flags & ~SVC_F_HASHED, timeout,
+                                      -1 if not nm_mode else ntohl(nm) if nm_mode == 2 else nm,
+                                      (name_of(pe) or dec.name(pe)) if pe else ""),
+                        _NO_STATS if stats is None else _new(Stats, stats(v))))
+            done += 1
+        return done * shape.size
 
 
 class DumpDecoder:
-    """Decodes dump replies through learned layouts, falling back to the generic decoder."""
+    """Decodes the receive buffers of dumps through learned shapes, else the generic decoder.
+
+    One per client. Address objects are shared within a dump and with the dump before it (a
+    node's pods serve many services); new_dump() starts a dump, so the cache never holds more
+    than two dumps' addresses.
+    """
 
     def __init__(self) -> None:
-        self._dest: dict[int, tuple[Layout, Callable[[tuple[Any, ...]], Any],
-                                    Callable[[tuple[Any, ...]], Any]]] = {}
-        self._addrs: dict[bytes, IPv4Address | IPv6Address] = {}
+        self._dest_shapes: dict[int, dict[int, list[_DestShape]]] = {}  # service af, length
+        self._service_shapes: dict[int, list[_ServiceShape]] = {}
+        # An address as a shape reads it (a native u32 for IPv4, 16 bytes for IPv6) -> its object
+        self.addrs: dict[bytes | int, IPv4Address | IPv6Address] = {}
+        self.old_addrs: dict[bytes | int, IPv4Address | IPv6Address] = {}  # the dump before
+        self.names: dict[bytes, str] = {}
 
-    def _learn(self, payload: memoryview) -> None:
-        try:
-            lay = Layout(payload)
-        except DecodeError:
-            return
-        nest = D_STATS64 if (A_DEST, D_STATS64, 1) in lay.fields else D_STATS
-        self._dest[len(payload)] = (lay, _getter(lay, _DEST_FIELDS),
-                                    _getter(lay, [(A_DEST, nest, t) for t in range(1, 11)]))
+    def new_dump(self) -> None:
+        self.old_addrs, self.addrs = self.addrs, {}
 
-    def dest(self, payload: memoryview, svc_af: int) -> ObservedDest:
-        entry = self._dest.get(len(payload))
-        vals = entry[0].values(payload) if entry is not None else None
-        if vals is None or entry is None:
-            got = decode_dest(payload, svc_af)  # validates; then learn this shape
-            self._learn(payload)
-            return got
-        _, fields, stats = entry
-        vals += (0,)
-        (af, raw, port, fwd, weight, uth, lth, ttype, tport, tflags, act, inact,
-         pers) = fields(vals)
-        af = af or svc_af
-        raw = raw[:16] if af == AF_INET6 else raw[:4]
-        addr = self._addrs.get(raw)
-        if addr is None:
-            if len(raw) not in (4, 16):
-                raise DecodeError("address attribute too short")
-            addr = self._addrs[raw] = IPv6Address(raw) if len(raw) == 16 else IPv4Address(raw)
-        rs = RealServer(DestKey(addr, ntohs(port)), _FWDS[fwd & CONN_F_FWD_MASK], weight, uth,
-                        lth, ttype, ntohs(tport), tflags)
-        return ObservedDest(rs, act, inact, pers, Stats._make(stats(vals)))
+    def name(self, raw: bytes) -> str:
+        """A scheduler or persistence-engine name attribute as the generic decoder reads it."""
+        name = self.names[raw] = raw.split(b"\0", 1)[0].decode(errors="replace")
+        return name
+
+    def dests(self, buf: memoryview, seq: int, svc_af: int, out: list[ObservedDest],
+              stats: bool = True) -> int | None:
+        """Decode one receive buffer of the GET_DEST dump `seq` into out.
+
+        None: the dump goes on; 0: it is done; otherwise the errno the kernel answered."""
+        end, off = len(buf), 0
+        shapes = self._dest_shapes.get(svc_af)
+        if shapes is None:
+            shapes = self._dest_shapes[svc_af] = {}
+        while off + 16 <= end:
+            for shape in shapes.get(_U32.unpack_from(buf, off)[0], ()):
+                got = shape.decode(buf, off, end, seq, out, self, stats)
+                if got:
+                    off += got
+                    break
+            else:
+                msg, mtype, mseq = _message_at(buf, off, end)
+                if mseq == seq:
+                    if mtype in (NLMSG_DONE, NLMSG_ERROR):
+                        return error_code(msg[16:]) if mtype == NLMSG_ERROR else 0
+                    od = decode_dest(msg[16:], svc_af)
+                    out.append(od if stats else od._replace(stats=_NO_STATS))
+                    learned = _learn(_DestShape, msg, svc_af)
+                    if learned is not None:
+                        shapes.setdefault(len(msg), []).append(learned)
+                off += (len(msg) + 3) & ~3
+        if off < end:
+            _trailing(buf, off, end)
+        return None
+
+    def services(self, buf: memoryview, seq: int, out: list[tuple[VirtualServer, Stats]],
+                 stats: bool = True) -> int | None:
+        """Decode one receive buffer of the GET_SERVICE dump `seq` into out (as dests())."""
+        end, off = len(buf), 0
+        shapes = self._service_shapes
+        while off + 16 <= end:
+            for shape in shapes.get(_U32.unpack_from(buf, off)[0], ()):
+                got = shape.decode(buf, off, end, seq, out, self, stats)
+                if got:
+                    off += got
+                    break
+            else:
+                msg, mtype, mseq = _message_at(buf, off, end)
+                if mseq == seq:
+                    if mtype in (NLMSG_DONE, NLMSG_ERROR):
+                        return error_code(msg[16:]) if mtype == NLMSG_ERROR else 0
+                    vs, st = decode_service(msg[16:])
+                    out.append((vs, st if stats else _NO_STATS))
+                    learned = _learn(_ServiceShape, msg)
+                    if learned is not None:
+                        shapes.setdefault(len(msg), []).append(learned)
+                off += (len(msg) + 3) & ~3
+        if off < end:
+            _trailing(buf, off, end)
+        return None
+
+
+_T = TypeVar("_T")
+
+
+def _learn(make: Callable[..., _T], *args: Any) -> _T | None:
+    try:
+        return make(*args)
+    except DecodeError:  # an odd message: it stays on the generic path
+        return None
+
+
+def _message_at(buf: memoryview, off: int, end: int) -> tuple[memoryview, int, int]:
+    length, mtype, _flags, seq, _pid = _HDR.unpack_from(buf, off)
+    if length < 16 or off + length > end:
+        raise DecodeError(f"netlink message length {length} at offset {off} overruns {end}")
+    return buf[off:off + length], mtype, seq
+
+
+def _trailing(buf: memoryview, off: int, end: int) -> None:
+    if any(buf[off:end]):
+        raise DecodeError(f"{end - off} trailing bytes after the last netlink message")
+
+
+# A GET_DEST dump request for an inet service, in one pack: nlmsghdr, genlmsghdr, the service
+# nest with family, protocol, address and port, byte for byte what message() and
+# service_key_attrs() build (tested).
+_DEST_REQ = {
+    AF_INET: struct.Struct("=IHHII BBH HH HH H2x HH H2x HH 4s HH H2x"),
+    AF_INET6: struct.Struct("=IHHII BBH HH HH H2x HH H2x HH 16s HH H2x"),
+}
+
+
+def dest_dump_request(family: int, seq: int, key: ServiceKey) -> bytes:
+    """The GET_DEST dump request for one service (real servers with counters)."""
+    st = _DEST_REQ.get(key.af) if not key.fwmark and key.addr is not None else None
+    if st is None or key.addr is None or key.addr.version != (6 if key.af == AF_INET6 else 4):
+        return message(family, CMD_GET_DEST, NLM_F_REQUEST | NLM_F_DUMP, seq,
+                       nested(A_SERVICE, service_key_attrs(key)))
+    alen = 4 + len(key.addr.packed)
+    nest = 4 + 8 + 8 + alen + 8
+    return st.pack(st.size, family, NLM_F_REQUEST | NLM_F_DUMP, seq, 0, CMD_GET_DEST, GENL_VERSION,
+                   0, nest, A_SERVICE, 6, S_AF, key.af, 6, S_PROTOCOL, int(key.protocol), alen,
+                   S_ADDR, key.addr.packed, 6, S_PORT, htons(key.port))

@@ -7,7 +7,6 @@ the swap test the packet counter of an iptables rule that matches the set.
 
 from __future__ import annotations
 
-import os
 import re
 import socket
 import subprocess
@@ -46,33 +45,6 @@ from tests.kernel.conftest import sh
 pytestmark = pytest.mark.kernel
 
 PREFIX = "IPVSPT-"  # every set these tests create; the fixture destroys them all
-# Files glibc touches for every entry the ipset tool parses or prints: getaddrinfo() stats
-# resolv.conf, get/protobyname/number() stats nsswitch.conf and reads protocols.
-NSS_FILES = ("protocols", "resolv.conf", "nsswitch.conf")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def node_like_etc() -> Iterator[None]:
-    """Lab artifact, undone after this module: the guest's /etc is the host's over 9p, where
-    each of those per-entry file accesses is an emulated round trip (~3-10 ms), so `ipset
-    restore` of 1,000 tcp entries took 18 s and 20,000 took 220 s. On a node these files sit in
-    the page cache. A tmpfs copy bound over each makes the guest behave like a node; the tool,
-    the kernel and the entries are unchanged, and both sides of every comparison get it."""
-    if os.environ.get("IPVSPROXY_IN_LAB") != "1":  # never touch a host's mounts
-        yield
-        return
-    tmp = sh("mktemp -d /run/ipvsproxy-etc.XXXXXX").strip()
-    bound = []
-    try:
-        for f in NSS_FILES:
-            if os.path.exists(f"/etc/{f}"):
-                sh(f"cp /etc/{f} {tmp}/{f} && mount --bind {tmp}/{f} /etc/{f}")
-                bound.append(f)
-        yield
-    finally:
-        for f in bound:
-            sh(f"umount /etc/{f}")
-        sh(f"rm -r {tmp}")
 
 
 class Kernel:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import errno
 import random
 import subprocess
-from dataclasses import replace
 from ipaddress import IPv4Address, IPv6Address, ip_address
 
 import pytest
@@ -116,8 +115,8 @@ def with_thresholds(rules: Rules, text: str) -> Rules:
         k = vs.key
         svc = (f"FWM {k.fwmark}" if k.fwmark
                else f"{k.protocol.name} {_fmt_host(k.addr, k.port)}")  # type: ignore[arg-type]
-        out[key] = (vs, {dk: replace(rs, u_threshold=th[(svc, dk)][0],
-                                     l_threshold=th[(svc, dk)][1]) for dk, rs in dests.items()})
+        out[key] = (vs, {dk: rs._replace(u_threshold=th[(svc, dk)][0],
+                                         l_threshold=th[(svc, dk)][1]) for dk, rs in dests.items()})
     return out
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from ipvsproxy.cli import main
-from ipvsproxy.commands import ls as ls_command
+from ipvsproxy.core import ipvsadm_conn
 from tests.kernel.conftest import sh
 
 pytestmark = pytest.mark.kernel
@@ -513,7 +513,7 @@ def test_live_traffic_stats_rates_and_connections(
     assert snapshot.count(b"\n") > 60
     snap = tmp_path / "ip_vs_conn"
     snap.write_bytes(snapshot)
-    monkeypatch.setattr(ls_command, "CONN_PROC_FILE", str(snap))
+    monkeypatch.setattr(ipvsadm_conn, "CONN_PROC_FILE", str(snap))  # ls reads it at run time
     for mode in (["-Lnc"], ["-Lc"], ["-Lnc", "--persistent-conn"], ["-l", "-c"]):
         want, got = ipvsadm_on_snapshot(snapshot, *mode), ours(*mode)
         assert got == want, f"{mode}\n== ipvsadm:\n{show(want)}\n== ipvsproxy ls:\n{show(got)}"

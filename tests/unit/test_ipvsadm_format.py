@@ -10,6 +10,8 @@ from __future__ import annotations
 from ipaddress import IPv4Address, IPv6Address, ip_address
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ipvsproxy.commands.ls import IpvsadmExit, parse_request, parse_service
 from ipvsproxy.core.ipvs import (
@@ -42,6 +44,7 @@ from ipvsproxy.core.ipvsadm_format import (
     FMT_STATS,
     FMT_THRESHOLDS,
     FMT_TUN_INFO,
+    NO_RESOLVER,
     cmp_services,
     glibc_qsort,
     inet_ntop,
@@ -560,3 +563,27 @@ def test_parse_service_none_cases() -> None:
     assert parse_service("", TCP) is None
     assert parse_service("[::1]x80", TCP) is None
     assert parse_service("1.2.3.4:nosuchservice-xyz", TCP) is None
+
+
+# The -Ln real-server lines have a fast path (_plain_numeric_lines); it must print what the
+# general one (sort_dests + _dest_line) prints, for any table.
+_addrs = st.one_of(st.integers(0, 2**32 - 1).map(IPv4Address),
+                   st.integers(0, 2**128 - 1).map(IPv6Address))
+_dests = st.builds(
+    lambda a, p, f, w, act, inact: ObservedDest(RealServer(DestKey(a, p), f, w), act, inact),
+    _addrs, st.integers(0, 65535), st.sampled_from(list(Fwd)), st.integers(0, 2**32 - 1),
+    st.integers(0, 2**32 - 1), st.integers(0, 2**32 - 1))
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(_dests, max_size=12, unique_by=lambda d: d.dest.key), st.booleans(),
+       st.booleans())
+def test_plain_numeric_lines_equal_the_general_ones(ds: list[ObservedDest], v4_only: bool,
+                                                     nosort: bool) -> None:
+    from ipvsproxy.core.ipvsadm_format import _dest_line, _plain_numeric_lines, sort_dests
+
+    if v4_only:
+        ds = [d for d in ds if d.dest.key.addr.version == 4]
+    fmt = N | (FMT_NOSORT if nosort else 0)
+    want = [_dest_line("-", d, TCP, fmt, NO_RESOLVER) for d in (ds if nosort else sort_dests(ds))]
+    assert _plain_numeric_lines(ds, TCP, fmt, NO_RESOLVER) == want
