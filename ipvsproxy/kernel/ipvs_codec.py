@@ -643,15 +643,14 @@ class DumpDecoder:
         name = self.names[raw] = raw.split(b"\0", 1)[0].decode(errors="replace")
         return name
 
-    def dests(self, buf: memoryview, seq: int, svc_af: int, out: list[ObservedDest],
-              stats: bool = True) -> int | None:
-        """Decode one receive buffer of the GET_DEST dump `seq` into out.
+    def _walk(self, buf: memoryview, seq: int, out: list[Any], stats: bool,
+              shapes: dict[int, list[Any]], generic: Callable[[memoryview], Any],
+              learn: Callable[[memoryview], Any]) -> int | None:
+        """Decode one receive buffer of dump `seq` into out: each message by a learned shape
+        of its length, else by `generic` (whose layout is then learned).
 
         None: the dump goes on; 0: it is done; otherwise the errno the kernel answered."""
         end, off = len(buf), 0
-        shapes = self._dest_shapes.get(svc_af)
-        if shapes is None:
-            shapes = self._dest_shapes[svc_af] = {}
         while off + 16 <= end:
             for shape in shapes.get(_U32.unpack_from(buf, off)[0], ()):
                 got = shape.decode(buf, off, end, seq, out, self, stats)
@@ -663,9 +662,8 @@ class DumpDecoder:
                 if mseq == seq:
                     if mtype in (NLMSG_DONE, NLMSG_ERROR):
                         return error_code(msg[16:]) if mtype == NLMSG_ERROR else 0
-                    od = decode_dest(msg[16:], svc_af)
-                    out.append(od if stats else od._replace(stats=_NO_STATS))
-                    learned = _learn(_DestShape, msg, svc_af)
+                    out.append(generic(msg[16:]))
+                    learned = _learn(learn, msg)
                     if learned is not None:
                         shapes.setdefault(len(msg), []).append(learned)
                 off += (len(msg) + 3) & ~3
@@ -673,31 +671,26 @@ class DumpDecoder:
             _trailing(buf, off, end)
         return None
 
+    def dests(self, buf: memoryview, seq: int, svc_af: int, out: list[ObservedDest],
+              stats: bool = True) -> int | None:
+        """Decode one receive buffer of the GET_DEST dump `seq` into out (see _walk)."""
+        shapes = self._dest_shapes.setdefault(svc_af, {})
+
+        def generic(payload: memoryview) -> ObservedDest:
+            od = decode_dest(payload, svc_af)
+            return od if stats else od._replace(stats=_NO_STATS)
+
+        return self._walk(buf, seq, out, stats, shapes, generic,
+                          lambda msg: _DestShape(msg, svc_af))
+
     def services(self, buf: memoryview, seq: int, out: list[tuple[VirtualServer, Stats]],
                  stats: bool = True) -> int | None:
-        """Decode one receive buffer of the GET_SERVICE dump `seq` into out (as dests())."""
-        end, off = len(buf), 0
-        shapes = self._service_shapes
-        while off + 16 <= end:
-            for shape in shapes.get(_U32.unpack_from(buf, off)[0], ()):
-                got = shape.decode(buf, off, end, seq, out, self, stats)
-                if got:
-                    off += got
-                    break
-            else:
-                msg, mtype, mseq = _message_at(buf, off, end)
-                if mseq == seq:
-                    if mtype in (NLMSG_DONE, NLMSG_ERROR):
-                        return error_code(msg[16:]) if mtype == NLMSG_ERROR else 0
-                    vs, st = decode_service(msg[16:])
-                    out.append((vs, st if stats else _NO_STATS))
-                    learned = _learn(_ServiceShape, msg)
-                    if learned is not None:
-                        shapes.setdefault(len(msg), []).append(learned)
-                off += (len(msg) + 3) & ~3
-        if off < end:
-            _trailing(buf, off, end)
-        return None
+        """Decode one receive buffer of the GET_SERVICE dump `seq` into out (see _walk)."""
+        def generic(payload: memoryview) -> tuple[VirtualServer, Stats]:
+            vs, st = decode_service(payload)
+            return vs, st if stats else _NO_STATS
+
+        return self._walk(buf, seq, out, stats, self._service_shapes, generic, _ServiceShape)
 
 
 _T = TypeVar("_T")
