@@ -6,7 +6,7 @@ kinds are ignored; invalid ones become Problems (core/model.py). Pure: no files,
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,33 +54,24 @@ def flatten(docs: Iterable[Any]) -> Iterable[Mapping[str, Any]]:
 
 def build_snapshot(docs: Iterable[Any], node_name: str) -> Snapshot:
     """Parse every Service, EndpointSlice and the Node called `node_name` (others ignored)."""
-    services: list[Service] = []
-    slices: list[EndpointSlice] = []
+    parsed: dict[str, dict[tuple[str, str], Any]] = {"Service": {}, "EndpointSlice": {}}
+    parsers: dict[str, Callable[[Mapping[str, Any]], tuple[Any, list[Problem]]]] = {
+        "Service": parse_service, "EndpointSlice": parse_endpoint_slice}
     node: Node | None = None
     problems: list[Problem] = []
-    seen: set[tuple[str, str, str]] = set()
     for obj in flatten(docs):
         kind = obj.get("kind")
-        if kind == "Service":
-            svc, probs = parse_service(obj)
+        if kind in parsers:
+            assert isinstance(kind, str)
+            value, probs = parsers[kind](obj)
             problems.extend(probs)
-            if svc is not None:
-                if ("Service", svc.namespace, svc.name) in seen:
-                    problems.append(Problem("Service", svc.namespace, svc.name,
-                                            "defined twice; the first one is used"))
-                    continue
-                seen.add(("Service", svc.namespace, svc.name))
-                services.append(svc)
-        elif kind == "EndpointSlice":
-            sl, probs = parse_endpoint_slice(obj)
-            problems.extend(probs)
-            if sl is not None:
-                if ("EndpointSlice", sl.namespace, sl.name) in seen:
-                    problems.append(Problem("EndpointSlice", sl.namespace, sl.name,
-                                            "defined twice; the first one is used"))
-                    continue
-                seen.add(("EndpointSlice", sl.namespace, sl.name))
-                slices.append(sl)
+            if value is None:
+                continue
+            key = (value.namespace, value.name)
+            if key in parsed[kind]:
+                problems.append(Problem(kind, *key, "defined twice; the first one is used"))
+            else:
+                parsed[kind][key] = value
         elif kind == "Node":
             meta = obj.get("metadata")
             name = meta.get("name") if isinstance(meta, Mapping) else None
@@ -88,4 +79,5 @@ def build_snapshot(docs: Iterable[Any], node_name: str) -> Snapshot:
                 n, probs = parse_node(obj)
                 problems.extend(probs)
                 node = n or node
-    return Snapshot(tuple(services), tuple(slices), node, tuple(problems))
+    return Snapshot(tuple(parsed["Service"].values()), tuple(parsed["EndpointSlice"].values()),
+                    node, tuple(problems))

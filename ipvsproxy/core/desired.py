@@ -179,22 +179,22 @@ class _Builder:
             vs = VirtualServer(key, sched, flags, svc.affinity_timeout,
                                -1 if not svc.affinity_timeout else
                                (0xFFFFFFFF if self.family == 4 else 128))
+            entry = ip_port_entry(fe.addr, proto, fe.port)
             eps = cat.cluster
             if fe.local_policy and cat.local:
                 eps = cat.local
             elif fe.local_policy and fe.external and cat.cluster:
                 # Deliberate difference: outside clients are dropped (as kube-proxy's iptables
                 # mode does); the node and its pods still reach the cluster endpoints.
-                s[T.EXT_NO_LOCAL].add(ip_port_entry(fe.addr, proto, fe.port))
+                s[T.EXT_NO_LOCAL].add(entry)
             self.services[key] = vs
             self.owners[key] = owner
             self.dests[key] = tuple(sorted(
                 (RealServer(DestKey(e.addr, e.port), Fwd.MASQ, e.weight) for e in eps),
                 key=lambda r: r.key))
-            s[T.OWNED].add(ip_port_entry(fe.addr, proto, fe.port))
+            s[T.OWNED].add(entry)
             if fe.bind:
                 self.bound.add(fe.addr)
-            entry = ip_port_entry(fe.addr, proto, fe.port)
             if fe.kind == "cluster-ip":
                 s[T.CLUSTER_IP].add(entry)
             elif fe.kind == "external-ip":

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network
+from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network, ip_address
 
 from ipvsproxy.core import tables as T
 from ipvsproxy.core.desired import KUBE_IPVS0, Desired
@@ -254,7 +254,7 @@ def diff(des: Desired, obs: Observed, exclude: Sequence[IPNetwork] = ()) -> Plan
             # the kernel shows none (kube-proxy graceful_termination.go); UDP/SCTP at once.
             if key.protocol is Protocol.TCP and conns > 0:
                 if rs.weight != 0:
-                    ipvs_add.append(Ipvs(IpvsOp(OpKind.EDIT_DEST, vs, _weight0(rs))))
+                    ipvs_add.append(Ipvs(IpvsOp(OpKind.EDIT_DEST, vs, rs._replace(weight=0))))
             else:
                 ipvs_del.append(Ipvs(IpvsOp(OpKind.DEL_DEST, vs, rs)))
     for key in sorted(owned - des.services.keys()):
@@ -281,7 +281,7 @@ def diff(des: Desired, obs: Observed, exclude: Sequence[IPNetwork] = ()) -> Plan
     listed: set[IPAddress] = set()
     for fam in des.families:
         for e in obs.sets.get(T.family_name(T.IPVS_IPS, fam), frozenset()):
-            listed.add(_addr(e))
+            listed.add(ip_address(e))
     unbind = [Address(a, False) for a in sorted(obs.addresses & listed - des.addresses,
                                                  key=_akey)]
     bind = [Address(a, True) for a in sorted(des.addresses - obs.addresses, key=_akey)]
@@ -297,16 +297,6 @@ def diff(des: Desired, obs: Observed, exclude: Sequence[IPNetwork] = ()) -> Plan
     return Plan(tuple(steps), tuple(problems))
 
 
-def _weight0(rs: RealServer) -> RealServer:
-    return RealServer(rs.key, rs.fwd, 0, rs.u_threshold, rs.l_threshold, rs.tun_type,
-                      rs.tun_port, rs.tun_flags)
-
-
 def _akey(a: IPAddress) -> tuple[int, int]:
     return (a.version, int(a))
 
-
-def _addr(entry: str) -> IPAddress:
-    from ipaddress import ip_address
-
-    return ip_address(entry)

@@ -39,11 +39,11 @@ def q(text: str) -> str:
     return f'"{esc}"'
 
 
+_COMMENTS = {d.name: d.comment for d in T.ALL_IPSETS}
+
+
 def _comment(set_name: str) -> str:
-    for d in T.ALL_IPSETS:
-        if d.name == set_name:
-            return d.comment
-    raise KeyError(set_name)
+    return _COMMENTS[set_name]
 
 
 def host(a: IPAddress) -> str:
@@ -91,10 +91,9 @@ def render_rules(r: RuleInputs) -> dict[str, dict[str, tuple[str, ...]]]:
         for cidr in r.cluster_cidrs:
             set_rule("filter", "KUBE-PROXY-FIREWALL", T.EXT_NO_LOCAL, "dst,dst", "RETURN",
                      pre=f"-s {cidr} ")
-        if T.EXT_NO_LOCAL in r.nonempty:
-            add("filter", "KUBE-PROXY-FIREWALL",
-                f"-m comment --comment {q(_comment(T.EXT_NO_LOCAL))} -m set --match-set "
-                f"{sname(T.EXT_NO_LOCAL)} dst,dst -m addrtype ! --src-type LOCAL -j DROP")
+        add("filter", "KUBE-PROXY-FIREWALL",
+            f"-m comment --comment {q(_comment(T.EXT_NO_LOCAL))} -m set --match-set "
+            f"{sname(T.EXT_NO_LOCAL)} dst,dst -m addrtype ! --src-type LOCAL -j DROP")
     set_rule("filter", "KUBE-PROXY-FIREWALL", T.LOAD_BALANCER_FW, "dst,dst",
              "KUBE-SOURCE-RANGES-FIREWALL")
     set_rule("filter", "KUBE-SOURCE-RANGES-FIREWALL", T.LB_SOURCE_CIDR, "dst,dst,src", "RETURN")

@@ -44,7 +44,7 @@ def plan_cleanup() -> tuple[list[Action], list[str]]:
                           (T.family_name(T.OWNED, f) for f in FAMILIES) if n in saved))
     try:
         with IpvsClient() as client:
-            services = client.dump()
+            services = client.dump(stats=False)
     except OSError:
         services = []  # no IPVS in this kernel: nothing of ours there either
     ops = [IpvsOp(OpKind.DEL_SERVICE, s.service) for s in services
@@ -86,7 +86,7 @@ def plan_cleanup() -> tuple[list[Action], list[str]]:
     with DummyLink() as link:
         if link.index() is not None:
             listed = {ip_address(e) for f in FAMILIES
-                      for e in saved.get(T.family_name(T.IPVS_IPS, f), _EMPTY).members}
+                      if (n := T.family_name(T.IPVS_IPS, f)) in saved for e in saved[n].members}
             bound = link.addresses()
             mine = sorted(bound & listed, key=lambda a: (a.version, int(a)))
             if mine:
@@ -115,9 +115,3 @@ def plan_cleanup() -> tuple[list[Action], list[str]]:
         actions.append(Action(tuple(f"ipset destroy {n}" for n in doomed), destroy))
     return actions, notes
 
-
-class _Empty:
-    members: frozenset[str] = frozenset()
-
-
-_EMPTY = _Empty()
