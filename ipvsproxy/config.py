@@ -4,9 +4,11 @@ mean the same (shared/reference/kube-proxy-ipvs.md §3.1); the CLI builds it, th
 from __future__ import annotations
 
 import argparse
+import re
 import socket
 from dataclasses import dataclass
 from ipaddress import IPv4Network, IPv6Network, ip_network
+from typing import Any
 
 IPNetwork = IPv4Network | IPv6Network
 
@@ -32,6 +34,13 @@ class Config:
     masquerade_bit: int = 14
     families: tuple[int, ...] = (4,)  # the IP families this node proxies (4, 6 or both)
     random_fully: bool = True  # MASQUERADE --random-fully (iptables >= 1.6.2)
+    # daemon (`run`) only; kube-proxy's defaults, except min_sync_period (see add_daemon_flags)
+    sync_period: float = 30.0
+    min_sync_period: float = 1.0
+    graceful_termination_period: float = 900.0
+    healthz_bind_address: str = "0.0.0.0:10256"
+    metrics_bind_address: str = "127.0.0.1:10249"
+    service_metrics: bool = True  # per-service IPVS traffic counters on /metrics
 
     @property
     def masq_mark(self) -> str:
@@ -51,18 +60,27 @@ def _cidrs(text: str | None, flag: str) -> tuple[IPNetwork, ...]:
     return tuple(out)
 
 
-def _seconds(text: str | None, flag: str) -> int:
-    """kube-proxy takes Go durations (900s, 15m, 1h); a bare number means seconds."""
-    if not text:
-        return 0
-    units = {"s": 1, "m": 60, "h": 3600}
-    t = text.strip()
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+_DURATION = re.compile(r"(\d+(?:\.\d*)?)(ms|s|m|h)")
+
+
+def duration(text: str | None, flag: str) -> float:
+    """kube-proxy takes Go durations (900s, 15m, 1h30m, 500ms); a bare number means seconds."""
+    t = (text or "").strip()
+    if not t:
+        return 0.0
     try:
-        if t[-1] in units:
-            return int(float(t[:-1]) * units[t[-1]])
-        return int(t)
+        return float(t)
     except ValueError:
-        raise ConfigError(f"{flag}: {text!r} is not a duration (like 900s, 15m)") from None
+        pass
+    parts = _DURATION.findall(t)
+    if not parts or "".join(n + u for n, u in parts) != t:
+        raise ConfigError(f"{flag}: {text!r} is not a duration (like 900s, 15m, 1h30m)")
+    return sum(float(n) * _UNITS[u] for n, u in parts)
+
+
+def _seconds(text: str | None, flag: str) -> int:
+    return int(duration(text, flag))
 
 
 def add_proxy_flags(parser: argparse.ArgumentParser) -> None:
@@ -90,6 +108,28 @@ def add_proxy_flags(parser: argparse.ArgumentParser) -> None:
       help="fwmark bit that marks packets to masquerade (0..31, default 14)")
     a("--ip-families", metavar="LIST", default="auto",
       help="4, 6, 4,6 or auto (IPv6 too when the host has it and ip6tables is installed)")
+
+
+def add_daemon_flags(parser: argparse.ArgumentParser) -> None:
+    """The flags only `run` has (kube-proxy's names and defaults)."""
+    a = parser.add_argument
+    a("--ipvs-sync-period", metavar="DURATION", default="30s",
+      help="how often the whole kernel state is compared with the desired state and repaired "
+           "(default 30s); /healthz turns unhealthy after twice this")
+    # kube-proxy's IPVS mode defaults to 0 (every event syncs at once); iptables mode uses 1s
+    # (kubernetes#92836) and the issue asks for 1s: bursts of events coalesce into one sync.
+    a("--ipvs-min-sync-period", metavar="DURATION", default="1s",
+      help="minimum time between two syncs; events in between are coalesced (default 1s)")
+    a("--ipvs-graceful-termination-period", metavar="DURATION", default="15m",
+      help="longest a removed TCP real server drains at weight 0 before it is deleted "
+           "(default 15m)")
+    a("--healthz-bind-address", metavar="IP:PORT", default="0.0.0.0:10256",
+      help="where /healthz and /livez listen ('' to disable; default 0.0.0.0:10256)")
+    a("--metrics-bind-address", metavar="IP:PORT", default="127.0.0.1:10249",
+      help="where /metrics listens ('' to disable; default 127.0.0.1:10249)")
+    a("--service-metrics", choices=["true", "false"], default="true",
+      help="export per-service IPVS traffic counters on /metrics (read at scrape time; "
+           "default true)")
 
 
 def _families(text: str) -> tuple[int, ...]:
@@ -133,4 +173,25 @@ def from_args(args: argparse.Namespace) -> Config:
         udp_timeout=_seconds(args.ipvs_udp_timeout, "--ipvs-udp-timeout"),
         masquerade_bit=args.iptables_masquerade_bit,
         families=_families(args.ip_families),
+        **_daemon_fields(args),
     )
+
+
+def _daemon_fields(args: argparse.Namespace) -> dict[str, Any]:
+    if not hasattr(args, "ipvs_sync_period"):
+        return {}
+    sync = duration(args.ipvs_sync_period, "--ipvs-sync-period")
+    min_sync = duration(args.ipvs_min_sync_period, "--ipvs-min-sync-period")
+    if sync <= 0:
+        raise ConfigError("--ipvs-sync-period must be greater than 0")
+    if not 0 <= min_sync <= sync:
+        raise ConfigError("--ipvs-min-sync-period must be within 0 and --ipvs-sync-period")
+    return {
+        "sync_period": sync,
+        "min_sync_period": min_sync,
+        "graceful_termination_period": duration(args.ipvs_graceful_termination_period,
+                                                "--ipvs-graceful-termination-period"),
+        "healthz_bind_address": args.healthz_bind_address.strip(),
+        "metrics_bind_address": args.metrics_bind_address.strip(),
+        "service_metrics": args.service_metrics == "true",
+    }

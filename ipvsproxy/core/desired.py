@@ -84,6 +84,46 @@ class Desired:
     sysctls: tuple[tuple[str, str], ...] = ()
     timeouts: Timeouts | None = None
     problems: tuple[Problem, ...] = ()
+    # What each Service contributed, for the daemon's incremental syncs (core/incremental.py)
+    index: Mapping[tuple[str, str], ServiceIndex] = field(default_factory=dict)
+    contested: frozenset[ServiceKey] = frozenset()  # claimed by two services: first one won
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceIndex:
+    """One Service's part of the desired state (both families): the virtual servers it won,
+    its set members (family-prefixed set name, entry), its bound addresses, its LB out-filter
+    rule inputs. Entries and addresses may be shared with other services."""
+
+    keys: tuple[ServiceKey, ...] = ()
+    entries: tuple[tuple[str, str], ...] = ()
+    addresses: tuple[IPAddress, ...] = ()
+    out_filter: tuple[tuple[int, IPAddress, str, int], ...] = ()  # (family, LB ip, proto, port)
+
+
+class _IndexAcc:
+    __slots__ = ("addresses", "entries", "keys", "out_filter")
+
+    def __init__(self) -> None:
+        self.keys: list[ServiceKey] = []
+        self.entries: list[tuple[str, str]] = []
+        self.addresses: list[IPAddress] = []
+        self.out_filter: list[tuple[int, IPAddress, str, int]] = []
+
+    def freeze(self) -> ServiceIndex:
+        return ServiceIndex(tuple(self.keys), tuple(dict.fromkeys(self.entries)),
+                            tuple(dict.fromkeys(self.addresses)),
+                            tuple(self.out_filter))
+
+
+def family_rules(family: int, cfg: Config, nonempty: frozenset[str],
+                 out_filter: Sequence[tuple[IPAddress, str, int]]) -> Rules:
+    """The iptables rules of one family, from which sets have members (unprefixed names) and
+    the LB out-filter inputs (sorted here, so that any order of services renders the same)."""
+    return render_rules(RuleInputs(
+        family=family, nonempty=nonempty, cluster_cidrs=cfg.cluster_cidrs_of(family),
+        masquerade_all=cfg.masquerade_all, mark=cfg.masq_mark, random_fully=cfg.random_fully,
+        out_filter=tuple(sorted(set(out_filter), key=lambda f: (int(f[0]), f[1], f[2])))))
 
 
 def set_specs(family: int) -> list[SetSpec]:
@@ -154,13 +194,20 @@ class _Builder:
         self.bound: set[IPAddress] = set()
         self.out_filter: list[tuple[IPAddress, str, int]] = []
         self.problems: list[Problem] = []
+        self.claims: dict[ServiceKey, str] = {}  # key -> "ns/name" of the service that won it
+        self.contested: set[ServiceKey] = set()
+        self.acc = _IndexAcc()
+
+    def _add(self, name: str, entry: str) -> None:
+        self.sets[name].add(entry)
+        self.acc.entries.append((T.family_name(name, self.family), entry))
 
     def add_port(self, svc: Service, sp: ServicePort, cat: Categorized,
                  eps_local: Sequence[tuple[IPAddress, int]]) -> None:
         proto = sp.protocol.value.lower()
-        s = self.sets
+        add = self._add
         for addr, port in eps_local:
-            s[T.LOOP_BACK].add(ip_port_ip_entry(addr, proto, port, addr))
+            add(T.LOOP_BACK, ip_port_ip_entry(addr, proto, port, addr))
         sched = svc.scheduler or self.cfg.scheduler
         flags = svc.sched_flags
         if not flags and sched == "mh":
@@ -172,6 +219,8 @@ class _Builder:
         for fe in frontends(svc, sp, self.family, self.nodeips, self.local_addrs):
             key = ServiceKey.inet(PROTO[sp.protocol.value], fe.addr, fe.port)
             if key in self.services:
+                if self.claims[key] != svc.key:
+                    self.contested.add(key)
                 self.problems.append(Problem(
                     "Service", svc.namespace, svc.name,
                     f"{fe.kind} {key} is already used by {self.owners[key]}; ignored"))
@@ -186,56 +235,55 @@ class _Builder:
             elif fe.local_policy and fe.external and cat.cluster:
                 # Deliberate difference: outside clients are dropped (as kube-proxy's iptables
                 # mode does); the node and its pods still reach the cluster endpoints.
-                s[T.EXT_NO_LOCAL].add(entry)
+                add(T.EXT_NO_LOCAL, entry)
             self.services[key] = vs
             self.owners[key] = owner
+            self.claims[key] = svc.key
+            self.acc.keys.append(key)
             self.dests[key] = tuple(sorted(
                 (RealServer(DestKey(e.addr, e.port), Fwd.MASQ, e.weight) for e in eps),
                 key=lambda r: r.key))
-            s[T.OWNED].add(entry)
+            add(T.OWNED, entry)
             if fe.bind:
                 self.bound.add(fe.addr)
+                self.acc.addresses.append(fe.addr)
+                add(T.IPVS_IPS, ip_entry(fe.addr))
             if fe.kind == "cluster-ip":
-                s[T.CLUSTER_IP].add(entry)
+                add(T.CLUSTER_IP, entry)
             elif fe.kind == "external-ip":
-                s[T.EXTERNAL_IP_LOCAL if svc.external_local else T.EXTERNAL_IP].add(entry)
+                add(T.EXTERNAL_IP_LOCAL if svc.external_local else T.EXTERNAL_IP, entry)
             elif fe.kind == "load-balancer":
-                s[T.LOAD_BALANCER].add(entry)
+                add(T.LOAD_BALANCER, entry)
                 if svc.external_local:
-                    s[T.LOAD_BALANCER_LOCAL].add(entry)
+                    add(T.LOAD_BALANCER_LOCAL, entry)
                 if ranges:
-                    s[T.LOAD_BALANCER_FW].add(entry)
+                    add(T.LOAD_BALANCER_FW, entry)
                     for r in ranges:
-                        s[T.LB_SOURCE_CIDR].add(ip_port_net_entry(fe.addr, proto, fe.port, r))
+                        add(T.LB_SOURCE_CIDR, ip_port_net_entry(fe.addr, proto, fe.port, r))
                     if self.primary is not None and any(self.primary in r for r in ranges):
-                        s[T.LB_SOURCE_IP].add(ip_port_ip_entry(fe.addr, proto, fe.port, fe.addr))
+                        add(T.LB_SOURCE_IP, ip_port_ip_entry(fe.addr, proto, fe.port, fe.addr))
                     else:
                         self.out_filter.append((fe.addr, proto, fe.port))
+                        self.acc.out_filter.append((self.family, fe.addr, proto, fe.port))
             elif fe.kind == "node-port":
                 if proto == "sctp":
-                    s[T.NODE_PORT_SCTP].add(entry)
+                    add(T.NODE_PORT_SCTP, entry)
                     if svc.external_local:
-                        s[T.NODE_PORT_LOCAL_SCTP].add(entry)
+                        add(T.NODE_PORT_LOCAL_SCTP, entry)
                 else:
                     name = T.NODE_PORT_TCP if proto == "tcp" else T.NODE_PORT_UDP
-                    s[name].add(port_entry(fe.port))
+                    add(name, port_entry(fe.port))
                     if svc.external_local:
                         local = T.NODE_PORT_LOCAL_TCP if proto == "tcp" else T.NODE_PORT_LOCAL_UDP
-                        s[local].add(port_entry(fe.port))
+                        add(local, port_entry(fe.port))
         # kube-proxy skips the health-check port too when no node IP serves NodePorts (quirk)
         if svc.health_check_node_port and (self.nodeips or not sp.node_port):
-            s[T.HEALTH_CHECK_NODE_PORT].add(port_entry(svc.health_check_node_port))
+            add(T.HEALTH_CHECK_NODE_PORT, port_entry(svc.health_check_node_port))
 
     def finish(self) -> tuple[dict[str, frozenset[str]], Rules]:
-        self.sets[T.IPVS_IPS] = {ip_entry(a) for a in self.bound}
         sets = {T.family_name(n, self.family): frozenset(m) for n, m in self.sets.items()}
         nonempty = frozenset(n for n, m in self.sets.items() if m)
-        rules = render_rules(RuleInputs(
-            family=self.family, nonempty=nonempty,
-            cluster_cidrs=self.cfg.cluster_cidrs_of(self.family),
-            masquerade_all=self.cfg.masquerade_all, mark=self.cfg.masq_mark,
-            random_fully=self.cfg.random_fully, out_filter=tuple(self.out_filter)))
-        return sets, rules
+        return sets, family_rules(self.family, self.cfg, nonempty, self.out_filter)
 
 
 def sysctls(cfg: Config, host: HostFacts) -> tuple[tuple[str, str], ...]:
@@ -259,10 +307,13 @@ def compute_desired(snap: Snapshot, host: HostFacts, cfg: Config) -> Desired:
     specs: list[SetSpec] = []
     rules: dict[int, Rules] = {}
     problems = list(snap.problems)
+    accs: dict[tuple[str, str], _IndexAcc] = {}
+    contested: set[ServiceKey] = set()
     for family in cfg.families:
         primary = [a for a in (node.addresses if node else ()) if a.version == family]
         b = _Builder(family, cfg, host, primary, zone)
         for svc in sorted(snap.services, key=lambda s: (s.namespace, s.name)):
+            b.acc = accs.setdefault((svc.namespace, svc.name), _IndexAcc())
             if not any(c.version == family for c in svc.cluster_ips):
                 continue
             slices = by_svc.get((svc.namespace, svc.name), [])
@@ -272,6 +323,7 @@ def compute_desired(snap: Snapshot, host: HostFacts, cfg: Config) -> Desired:
                 local = [(e.addr, e.port) for e in eps if e.local]
                 b.add_port(svc, sp, cat, local)
         fam_sets, fam_rules = b.finish()
+        contested |= b.contested
         services.update(b.services)
         dests.update(b.dests)
         owners.update(b.owners)
@@ -284,4 +336,5 @@ def compute_desired(snap: Snapshot, host: HostFacts, cfg: Config) -> Desired:
     if cfg.tcp_timeout or cfg.tcpfin_timeout or cfg.udp_timeout:
         timeouts = Timeouts(cfg.tcp_timeout, cfg.tcpfin_timeout, cfg.udp_timeout)
     return Desired(cfg.families, services, dests, owners, frozenset(bound), tuple(specs),
-                   sets, rules, sysctls(cfg, host), timeouts, tuple(problems))
+                   sets, rules, sysctls(cfg, host), timeouts, tuple(problems),
+                   {k: a.freeze() for k, a in accs.items()}, frozenset(contested))

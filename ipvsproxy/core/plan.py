@@ -10,7 +10,7 @@ Each step renders itself as the command an operator would type, for `sync --dry-
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network, ip_address
 
@@ -135,12 +135,27 @@ Step = Sysctl | CreateLink | CreateSet | SetMembers | Iptables | Ipvs | Address 
 class Plan:
     steps: tuple[Step, ...]
     problems: tuple[Problem, ...] = ()
+    # real servers left in the kernel at weight 0 while their TCP connections end
+    draining: tuple[tuple[ServiceKey, DestKey], ...] = ()
 
     def lines(self) -> list[str]:
         return [line for s in self.steps for line in s.lines()]
 
 
 # ----------------------------------------------------------------------------------- diff
+
+
+def chains_after(rules: Mapping[int, Mapping[str, Chains]]) -> dict[tuple[int, str], Chains]:
+    """The chains (ours and the jumps into them) once `rules` are applied: what the diff
+    compares with when it trusts that the last plan was applied."""
+    out: dict[tuple[int, str], dict[str, tuple[str, ...]]] = {
+        (fam, table): dict(chains) for fam, tables in rules.items()
+        for table, chains in tables.items()}
+    for fam in rules:
+        for j in T.JUMPS:
+            table = out.setdefault((fam, j.table), {})
+            table[j.chain] = (*table.get(j.chain, ()), jump_line(j))
+    return dict(out)
 
 
 def owned_entry(key: ServiceKey) -> str | None:
@@ -192,8 +207,12 @@ def _iptables(family: int, want: Mapping[str, Mapping[str, tuple[str, ...]]],
     return Iptables(family, tuple(payload), tuple(cmds))
 
 
-def diff(des: Desired, obs: Observed, exclude: Sequence[IPNetwork] = ()) -> Plan:
+def diff(des: Desired, obs: Observed, exclude: Sequence[IPNetwork] = (),
+         force_delete: Collection[tuple[ServiceKey, DestKey]] = ()) -> Plan:
+    """`force_delete`: draining real servers to delete even with connections left (the
+    daemon's --ipvs-graceful-termination-period has passed for them)."""
     problems: list[Problem] = []
+    draining: list[tuple[ServiceKey, DestKey]] = []
     early: list[Step] = [Sysctl(k, v) for k, v in des.sysctls if obs.sysctls.get(k) != v]
     if not obs.link:
         early.append(CreateLink())
@@ -252,7 +271,8 @@ def diff(des: Desired, obs: Observed, exclude: Sequence[IPNetwork] = ()) -> Plan
                 continue
             # Draining: a TCP real server with connections goes to weight 0 and is deleted once
             # the kernel shows none (kube-proxy graceful_termination.go); UDP/SCTP at once.
-            if key.protocol is Protocol.TCP and conns > 0:
+            if key.protocol is Protocol.TCP and conns > 0 and (key, dkey) not in force_delete:
+                draining.append((key, dkey))
                 if rs.weight != 0:
                     ipvs_add.append(Ipvs(IpvsOp(OpKind.EDIT_DEST, vs, rs._replace(weight=0))))
             else:
@@ -294,7 +314,7 @@ def diff(des: Desired, obs: Observed, exclude: Sequence[IPNetwork] = ()) -> Plan
         if t != cur_t:
             late.append(SetTimeouts(t))
     steps = [*early, *adds, *unbind, *ipvs_add, *ipvs_del, *bind, *dels, *late]
-    return Plan(tuple(steps), tuple(problems))
+    return Plan(tuple(steps), tuple(problems), tuple(draining))
 
 
 def _akey(a: IPAddress) -> tuple[int, int]:

@@ -93,6 +93,9 @@ OWN_IPSETS: tuple[IPSetDef, ...] = (
              "ipvsproxy: externalTrafficPolicy=Local frontends with no local endpoint"),
 )
 ALL_IPSETS = IPSETS + OWN_IPSETS
+# family-prefixed name -> (name, family): family_name() truncates, so it is not inverted by text
+BY_FAMILY_NAME: dict[str, tuple[str, int]] = {
+    family_name(d.name, f): (d.name, f) for d in ALL_IPSETS for f in (4, 6)}
 
 # Chains: (table, chain). Declared in this order in the restore payload.
 NAT_CHAINS = ("KUBE-SERVICES", "KUBE-POSTROUTING", "KUBE-NODE-PORT", "KUBE-LOAD-BALANCER",
