@@ -99,21 +99,25 @@ class ServiceIndex:
     entries: tuple[tuple[str, str], ...] = ()
     addresses: tuple[IPAddress, ...] = ()
     out_filter: tuple[tuple[int, IPAddress, str, int], ...] = ()  # (family, LB ip, proto, port)
+    # ("internal" | "external", family) when a Local policy finds endpoints, none of them on
+    # this node (kube-proxy's sync_proxy_rules_no_local_endpoints_total counts such services)
+    no_local: tuple[tuple[str, int], ...] = ()
 
 
 class _IndexAcc:
-    __slots__ = ("addresses", "entries", "keys", "out_filter")
+    __slots__ = ("addresses", "entries", "keys", "no_local", "out_filter")
 
     def __init__(self) -> None:
         self.keys: list[ServiceKey] = []
         self.entries: list[tuple[str, str]] = []
         self.addresses: list[IPAddress] = []
         self.out_filter: list[tuple[int, IPAddress, str, int]] = []
+        self.no_local: list[tuple[str, int]] = []
 
     def freeze(self) -> ServiceIndex:
         return ServiceIndex(tuple(self.keys), tuple(dict.fromkeys(self.entries)),
                             tuple(dict.fromkeys(self.addresses)),
-                            tuple(self.out_filter))
+                            tuple(self.out_filter), tuple(dict.fromkeys(self.no_local)))
 
 
 def family_rules(family: int, cfg: Config, nonempty: frozenset[str],
@@ -206,6 +210,11 @@ class _Builder:
                  eps_local: Sequence[tuple[IPAddress, int]]) -> None:
         proto = sp.protocol.value.lower()
         add = self._add
+        if cat.has_any and not cat.local:
+            if svc.internal_local:
+                self.acc.no_local.append(("internal", self.family))
+            if svc.external_local:
+                self.acc.no_local.append(("external", self.family))
         for addr, port in eps_local:
             add(T.LOOP_BACK, ip_port_ip_entry(addr, proto, port, addr))
         sched = svc.scheduler or self.cfg.scheduler

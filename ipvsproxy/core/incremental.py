@@ -52,14 +52,15 @@ class Applied:
     set_sizes: Counter[str]  # family-prefixed set name -> members with refs > 0
     addr_refs: Counter[IPAddress]
     out_filter: Counter[tuple[int, IPAddress, str, int]]
+    no_local: Counter[tuple[str, int]]  # (traffic policy, family) -> services
     rules: dict[int, Rules]
     specs: tuple[SetSpec, ...] = ()
 
     @classmethod
     def from_full(cls, des: Desired) -> Applied:
         a = cls(des.families, {}, dict(des.services), dict(des.dests), dict(des.owners), {},
-                des.contested, Counter(), Counter(), Counter(), Counter(), dict(des.rules),
-                des.specs)
+                des.contested, Counter(), Counter(), Counter(), Counter(), Counter(),
+                dict(des.rules), des.specs)
         for sid, ix in des.index.items():
             a._add(sid, ix)
         return a
@@ -76,6 +77,7 @@ class Applied:
                 self.set_sizes[e[0]] += 1
         self.addr_refs.update(ix.addresses)
         self.out_filter.update(ix.out_filter)
+        self.no_local.update(ix.no_local)
 
     def _remove(self, sid: ServiceId) -> None:
         ix = self.index.pop(sid, None)
@@ -91,6 +93,7 @@ class Applied:
                 self.set_sizes[e[0]] -= 1
         _decrement(self.addr_refs, ix.addresses)
         _decrement(self.out_filter, ix.out_filter)
+        _decrement(self.no_local, ix.no_local)
 
     # --------------------------------------------------------------------------- steps
 
@@ -118,7 +121,8 @@ class Applied:
         """A copy of the reference counts as they will be once `part` replaces `dirty`."""
         nxt = Applied(self.families, dict(self.index), {}, {}, {}, dict(self.key_owner),
                       self.contested, Counter(self.entry_refs), Counter(self.set_sizes),
-                      Counter(self.addr_refs), Counter(self.out_filter), {}, self.specs)
+                      Counter(self.addr_refs), Counter(self.out_filter), Counter(self.no_local),
+                      {}, self.specs)
         for sid in dirty:
             nxt._remove(sid)
         for sid, ix in part.index.items():

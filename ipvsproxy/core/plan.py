@@ -131,6 +131,27 @@ class SetTimeouts:
 Step = Sysctl | CreateLink | CreateSet | SetMembers | Iptables | Ipvs | Address | SetTimeouts
 
 
+def step_kind(step: Step) -> str:
+    """A short name for what a step does, for metrics (ipvsproxy_operations_total{kind})."""
+    if isinstance(step, Ipvs):
+        return f"ipvs_{step.op.kind.name.lower()}"
+    if isinstance(step, SetMembers):
+        return "ipset_add" if step.add else "ipset_del"
+    if isinstance(step, Address):
+        return "address_add" if step.add else "address_del"
+    return {Sysctl: "sysctl", CreateLink: "link_add", CreateSet: "ipset_create",
+            Iptables: "iptables_restore", SetTimeouts: "ipvs_set_timeouts"}[type(step)]
+
+
+def step_counts(steps: Sequence[Step]) -> dict[str, int]:
+    """Operations per kind: each set member and address counts as one."""
+    out: dict[str, int] = {}
+    for s in steps:
+        k = step_kind(s)
+        out[k] = out.get(k, 0) + (len(s.entries) if isinstance(s, SetMembers) else 1)
+    return out
+
+
 @dataclass(frozen=True, slots=True)
 class Plan:
     steps: tuple[Step, ...]

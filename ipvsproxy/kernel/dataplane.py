@@ -9,12 +9,13 @@ one `ipset restore`); a failure is recorded and the walk goes on. Nothing here d
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from ipvsproxy.core.desired import Desired
 from ipvsproxy.core.ipset_text import InvalidSpec, render_adds, render_create, render_dels
+from ipvsproxy.core.ipvs import ObservedService, ServiceKey
 from ipvsproxy.core.plan import (
     Address,
     CreateLink,
@@ -27,6 +28,7 @@ from ipvsproxy.core.plan import (
     SetTimeouts,
     Step,
     Sysctl,
+    step_kind,
 )
 from ipvsproxy.kernel import iptables
 from ipvsproxy.kernel.dummy import DummyLink
@@ -39,6 +41,8 @@ from ipvsproxy.kernel.ipvs import IpvsClient
 class Failure:
     what: str  # the operation, as --dry-run would print it
     error: str
+    kind: str = ""  # plan.step_kind of the step; a failed set step counts all its entries
+    count: int = 1
 
     def __str__(self) -> str:
         return f"{self.what}: {self.error}"
@@ -69,6 +73,17 @@ def observe(des: Desired) -> Observed:
                     read_sysctls(k for k, _ in des.sysctls), timeouts)
 
 
+def read_services(keys: Iterable[ServiceKey]) -> dict[ServiceKey, ObservedService]:
+    """Just these virtual servers, with their real servers (an incremental sync's scope)."""
+    out: dict[ServiceKey, ObservedService] = {}
+    with IpvsClient() as ipvs:
+        for key in keys:
+            got = ipvs.get_service(key)
+            if got is not None:
+                out[key] = got
+    return out
+
+
 def _ipvs_steps(steps: Sequence[Step], i: int) -> int:
     j = i
     while j < len(steps) and isinstance(steps[j], Ipvs):
@@ -89,7 +104,8 @@ def apply(plan: Plan) -> list[Failure]:
                 ipvs = ipvs or IpvsClient()
                 ops = [s.op for s in steps[i:j] if isinstance(s, Ipvs)]
                 for err in ipvs.apply(ops):
-                    failures.append(Failure(Ipvs(err.op).lines()[0], str(err)))
+                    failures.append(Failure(Ipvs(err.op).lines()[0], str(err),
+                                            step_kind(Ipvs(err.op))))
                 i = j
                 continue
             if isinstance(step, SetMembers):
@@ -110,7 +126,8 @@ def apply(plan: Plan) -> list[Failure]:
             try:
                 _apply_one(step, ipvs)
             except Exception as exc:
-                failures.append(Failure(step.lines()[0], str(exc) or type(exc).__name__))
+                failures.append(Failure(step.lines()[0], str(exc) or type(exc).__name__,
+                                            step_kind(step)))
             i += 1
     finally:
         if ipvs is not None:
@@ -139,7 +156,7 @@ def _apply_members(steps: list[SetMembers]) -> list[Failure]:
                 ipsets.restore(script([s]))
             except IPSetError as exc:
                 failures.append(Failure(s.lines()[0] + (" ..." if len(s.entries) > 1 else ""),
-                                        str(exc)))
+                                        str(exc), step_kind(s), len(s.entries)))
         return failures
 
 
@@ -155,7 +172,7 @@ def _apply_addresses(steps: list[Address]) -> list[Failure]:
             try:
                 (link.add if s.add else link.remove)([s.addr])
             except Exception as exc:
-                failures.append(Failure(s.lines()[0], str(exc)))
+                failures.append(Failure(s.lines()[0], str(exc), step_kind(s)))
         return failures
 
 

@@ -40,7 +40,7 @@ def mini(snap: Snapshot, dirty: set[tuple[str, str]]) -> Snapshot:
 
 def counts(a: Applied) -> tuple[Any, ...]:
     return (a.index, a.key_owner, +a.entry_refs, +a.set_sizes, +a.addr_refs, +a.out_filter,
-            a.rules, a.services, a.dests, a.owners)
+            +a.no_local, a.rules, a.services, a.dests, a.owners)
 
 
 @st.composite
@@ -54,7 +54,7 @@ def svc_doc(draw: st.DrawFn, i: int) -> list[dict[str, Any]]:
         extra["loadBalancerSourceRanges"] = ["203.0.113.0/24"]
     if kind != "ClusterIP" and draw(st.booleans()):
         extra["externalTrafficPolicy"] = "Local"
-    ports = [port(80 + i % 3, "p", proto, node_port=30000 + i if kind != "ClusterIP" else 0)]
+    ports = [port(80 + i, "p", proto, node_port=30000 + i if kind != "ClusterIP" else 0)]
     svc = service(name, f"10.96.0.{10 + i}", *ports, type_=kind,
                   ingress=[f"198.51.100.{1 if shared_lb else 10 + i}"]
                   if kind == "LoadBalancer" else None, **extra)

@@ -1,0 +1,1 @@
+"""The daemon (`ipvsproxy run`): state store, reconciler loop, health, metrics."""

@@ -1,0 +1,293 @@
+"""The reconciler loop: turns store changes into kernel operations, forever.
+
+- Nothing is applied before Services, EndpointSlices and the Node have all been listed.
+- Bursts of events coalesce: at least --ipvs-min-sync-period between the end of one sync and the
+  start of the next.
+- A change to some services is an incremental sync (core/incremental.py): only those services
+  are recomputed, only their virtual servers are read back, only their kernel objects touched.
+- Every --ipvs-sync-period, and after any failure, a full sync compares the whole desired state
+  with the whole kernel and repairs drift (someone ran `ipvsadm -C`, flushed a chain...).
+  Failures are retried with capped exponential backoff; no error ends the loop.
+- Graceful termination: removed TCP real servers with connections stay at weight 0 (diff) until
+  they have none or --ipvs-graceful-termination-period has passed; UDP flows to removed real
+  servers are cleared from conntrack after the sync (kube-proxy, §2.7 of the reference).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import structlog
+
+from ipvsproxy.config import Config
+from ipvsproxy.core.desired import Desired, HostFacts, compute_desired
+from ipvsproxy.core.incremental import Applied
+from ipvsproxy.core.ipvs import DestKey, ObservedService, ServiceKey
+from ipvsproxy.core.ipvs import Protocol as IpProto
+from ipvsproxy.core.plan import Ipvs, Observed, Plan, diff, step_counts
+from ipvsproxy.daemon.store import Changes, Store
+
+log = structlog.get_logger("ipvsproxy.sync")
+FAMILY_LABEL = {4: "IPv4", 6: "IPv6"}
+
+
+class Kernel(Protocol):
+    """The shell the loop drives (kernel/dataplane.py in production)."""
+
+    def host_facts(self) -> HostFacts: ...
+    def observe(self, des: Desired) -> Observed: ...
+    def read_services(self, keys: Iterable[ServiceKey]) -> dict[ServiceKey, ObservedService]: ...
+    def apply(self, plan: Plan) -> list[Any]: ...
+    def clear_udp(self, des: Mapping[ServiceKey, Any], keys: Iterable[ServiceKey],
+                  families: Iterable[int]) -> int: ...
+
+
+class NodeKernel:
+    """The real one."""
+
+    def host_facts(self) -> HostFacts:
+        from ipvsproxy.kernel.host import host_facts
+
+        return host_facts()
+
+    def observe(self, des: Desired) -> Observed:
+        from ipvsproxy.kernel import dataplane
+
+        return dataplane.observe(des)
+
+    def read_services(self, keys: Iterable[ServiceKey]) -> dict[ServiceKey, ObservedService]:
+        from ipvsproxy.kernel import dataplane
+
+        return dataplane.read_services(keys)
+
+    def apply(self, plan: Plan) -> list[Any]:
+        from ipvsproxy.kernel import dataplane
+
+        return dataplane.apply(plan)
+
+    def clear_udp(self, des: Mapping[ServiceKey, Any], keys: Iterable[ServiceKey],
+                  families: Iterable[int]) -> int:
+        return 0
+
+
+@dataclass(slots=True)
+class SyncResult:
+    mode: str  # "full" | "incremental"
+    operations: dict[str, int] = field(default_factory=dict)
+    failures: list[Any] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+class Reconciler:
+    def __init__(self, cfg: Config, store: Store, metrics: Any = None, health: Any = None,
+                 kernel: Kernel | None = None, clock: Callable[[], float] = time.monotonic,
+                 wall: Callable[[], float] = time.time) -> None:
+        self.cfg = cfg
+        self.store = store
+        self.metrics = metrics
+        self.health = health
+        self.kernel: Kernel = kernel or NodeKernel()
+        self.clock = clock
+        self.wall = wall
+        self.applied: Applied | None = None
+        self.host: HostFacts | None = None
+        self.draining: dict[tuple[ServiceKey, DestKey], float] = {}  # -> since (clock)
+        self.seen_problems: set[str] = set()
+        self.failures_in_a_row = 0
+        self.syncs = 0
+        self.last: SyncResult | None = None
+        self._totals = (0, 0)  # the store's change totals already counted in the metrics
+
+    # --------------------------------------------------------------------------- the loop
+
+    def run(self, stop: threading.Event) -> None:
+        while not stop.is_set() and not self.store.initialized():
+            self.store.wait(0.2)
+        next_full = self.clock()  # the first sync is a full one
+        last_end = float("-inf")
+        retry_at: float | None = None
+        while not stop.is_set():
+            now = self.clock()
+            due = now >= next_full or (retry_at is not None and now >= retry_at)
+            if not due and not self.store.pending_any():
+                wake = min(next_full, retry_at if retry_at is not None else next_full)
+                self.store.wait(min(max(wake - now, 0.01), 1.0))
+                continue
+            gap = last_end + self.cfg.min_sync_period - now
+            if gap > 0:  # coalesce: changes arriving now join the coming sync
+                stop.wait(gap)
+                continue
+            changes = self.store.take()
+            full = due or changes.full or self.applied is None
+            ok = self.sync_once(changes, full)
+            last_end = self.clock()
+            if ok:
+                retry_at = None
+                if full:
+                    next_full = last_end + self.cfg.sync_period
+            else:
+                # capped exponential backoff, then a full sync (it repairs whatever is left)
+                delay = min(2.0 ** min(self.failures_in_a_row, 10), self.cfg.sync_period)
+                retry_at = last_end + delay
+
+    def sync_once(self, changes: Changes, full: bool) -> bool:
+        """One sync; never raises. False when it failed (the changes are put back)."""
+        t0 = self.clock()
+        try:
+            if not full and self.applied is not None:
+                result = self._incremental(changes)
+                if result is None:  # a conflict: only a full sync settles it
+                    result = self._full(changes)
+            else:
+                result = self._full(changes)
+        except Exception as exc:
+            self.failures_in_a_row += 1
+            self.store.requeue(changes)
+            self.applied = None  # next time, start again from the kernel's state
+            log.error("sync failed", error=str(exc) or type(exc).__name__, exc_info=True)
+            self._count_sync("full" if full else "incremental", False)
+            return False
+        result.seconds = self.clock() - t0
+        self.last = result
+        self.syncs += 1
+        ok = not result.failures
+        self.failures_in_a_row = 0 if ok else self.failures_in_a_row + 1
+        if not ok:
+            self.applied = None  # the kernel is not what was planned: re-read it next time
+        self._after(changes, result, ok)
+        return ok
+
+    # -------------------------------------------------------------------------- the syncs
+
+    def _full(self, changes: Changes) -> SyncResult:
+        self.host = self.kernel.host_facts()
+        des = compute_desired(self.store.snapshot(), self.host, self.cfg)
+        obs = self.kernel.observe(des)
+        plan = diff(des, obs, self.cfg.exclude_cidrs, self._expired())
+        failures = self.kernel.apply(plan)
+        self._track_draining(plan, None)
+        self.applied = Applied.from_full(des)
+        self._report(des.problems + plan.problems)
+        result = SyncResult("full", step_counts(plan.steps), failures)
+        if not changes and self.metrics is not None and plan.steps:
+            self.metrics.drift_repaired.inc(sum(result.operations.values()))
+        self._clear_udp(plan, des.services)
+        return result
+
+    def _incremental(self, changes: Changes) -> SyncResult | None:
+        assert self.applied is not None and self.host is not None
+        dirty = changes.dirty
+        part = compute_desired(self.store.snapshot(dirty), self.host, self.cfg)
+        scope = self.applied.scope(part, dirty)
+        if scope is None:
+            return None
+        kernel = self.kernel.read_services(scope)
+        plan = self.applied.plan(part, dirty, kernel, self.cfg, self._expired())
+        failures = self.kernel.apply(plan)
+        self._track_draining(plan, scope)
+        self.applied.commit(part, dirty, self.cfg, scope)
+        self._report(part.problems + plan.problems, partial=True)
+        self._clear_udp(plan, part.services)
+        return SyncResult("incremental", step_counts(plan.steps), failures)
+
+    # ----------------------------------------------------------------------------- helpers
+
+    def _expired(self) -> frozenset[tuple[ServiceKey, DestKey]]:
+        """Draining real servers past --ipvs-graceful-termination-period: deleted even with
+        connections (NFS-like clients would otherwise pin them forever)."""
+        limit = self.clock() - self.cfg.graceful_termination_period
+        return frozenset(k for k, since in self.draining.items() if since <= limit)
+
+    def _track_draining(self, plan: Plan, scope: set[ServiceKey] | None) -> None:
+        now = self.clock()
+        still = set(plan.draining)
+        for k in list(self.draining):
+            if (scope is None or k[0] in scope) and k not in still:
+                del self.draining[k]
+        for k in still:
+            self.draining.setdefault(k, now)
+
+    def _clear_udp(self, plan: Plan, services: Mapping[ServiceKey, Any]) -> None:
+        """After real servers of UDP virtual servers changed, flows still pinned (in conntrack)
+        to removed ones are deleted, as kube-proxy does: UDP has no end of connection."""
+        keys = {s.op.service.key for s in plan.steps if isinstance(s, Ipvs)
+                and s.op.service is not None and s.op.service.key.protocol is IpProto.UDP}
+        if not keys:
+            return
+        try:
+            t0 = self.clock()
+            n = self.kernel.clear_udp(services, keys, self.cfg.families)
+            if self.metrics is not None:
+                for fam in self.cfg.families:
+                    lbl = FAMILY_LABEL[fam]
+                    self.metrics.conntrack_sync_duration.labels(ip_family=lbl).observe(
+                        self.clock() - t0)
+                    self.metrics.conntrack_deleted.labels(ip_family=lbl).inc(n)
+        except Exception as exc:  # stale flows are a nuisance, not a reason to fail the sync
+            log.warning("conntrack cleanup failed", error=str(exc))
+
+    def _report(self, problems: Iterable[Any], partial: bool = False) -> None:
+        """Log each problem once (not at every sync)."""
+        now = {str(p) for p in problems}
+        for p in sorted(now - self.seen_problems):
+            log.warning("not programmed", problem=p)
+        self.seen_problems = self.seen_problems | now if partial else now
+
+    def _count_sync(self, mode: str, ok: bool) -> None:
+        if self.metrics is not None:
+            self.metrics.syncs.labels(mode=mode, result="ok" if ok else "failed").inc()
+
+    def _after(self, changes: Changes, result: SyncResult, ok: bool) -> None:
+        """Logs, metrics and health after a sync."""
+        failed: dict[str, int] = {}
+        for f in result.failures:
+            failed[f.kind] = failed.get(f.kind, 0) + f.count
+            log.error("operation failed", operation=f.what, error=f.error)
+        applied = self.applied
+        log.info("sync", mode=result.mode, services=len(changes.dirty) if result.mode ==
+                 "incremental" else (len(applied.index) if applied else None),
+                 operations=sum(result.operations.values()),
+                 failed=sum(failed.values()), seconds=round(result.seconds, 3))
+        wall = self.wall()
+        if ok and self.health is not None:
+            for fam in self.cfg.families:
+                self.health.updated(fam)
+        m = self.metrics
+        if m is None:
+            return
+        self._count_sync(result.mode, ok)
+        for kind, n in result.operations.items():
+            bad = failed.get(kind, 0)
+            if n - bad > 0:
+                m.operations.labels(kind=kind, result="ok").inc(n - bad)
+            if bad:
+                m.operations.labels(kind=kind, result="failed").inc(bad)
+        for fam in self.cfg.families:
+            lbl = FAMILY_LABEL[fam]
+            m.sync_duration.labels(ip_family=lbl).observe(result.seconds)
+            if ok:
+                m.last_sync.labels(ip_family=lbl).set(wall)
+            for t in changes.trigger_times:
+                if t > 0:
+                    m.network_programming.labels(ip_family=lbl).observe(max(wall - t, 0.0))
+        if applied is not None:
+            m.virtual_servers.set(len(applied.services))
+            m.real_servers.set(sum(len(d) for d in applied.dests.values()))
+            for fam in self.cfg.families:
+                for policy in ("internal", "external"):
+                    m.no_local_endpoints.labels(traffic_policy=policy,
+                                                ip_family=FAMILY_LABEL[fam]).set(
+                        applied.no_local.get((policy, fam), 0))
+        totals = (self.store.service_changes_total, self.store.endpoint_changes_total)
+        m.service_changes_total.inc(totals[0] - self._totals[0])
+        m.endpoint_changes_total.inc(totals[1] - self._totals[1])
+        self._totals = totals
+        svc_pending, ep_pending = self.store.pending()
+        m.service_changes_pending.set(svc_pending)
+        m.endpoint_changes_pending.set(ep_pending)
+        for kind, n in self.store.invalid_counts().items():
+            m.invalid_objects.labels(kind=kind).set(n)

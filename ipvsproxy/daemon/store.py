@@ -1,0 +1,290 @@
+"""The state store: the Services, EndpointSlices and own Node the watches delivered, parsed into
+the core's frozen values, and what changed since the last sync.
+
+It is the reflectors' sink (kube/reflector.py: `replace` for a fresh list, `event` for a watch
+event) and the reconciler's source (`take` the changes, `snapshot` the objects). Raw JSON is
+parsed once on arrival and dropped: only the projection the proxy needs is kept (memory at
+100k endpoints). An object equal to the one held is not a change (kube-proxy's trackers drop
+deep-equal updates). Invalid objects are logged once, when they arrive or change, with their
+name and reason; they stay out of the snapshot and never stop the others.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Collection, Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import structlog
+
+from ipvsproxy.core.cluster import Snapshot
+from ipvsproxy.core.model import (
+    EndpointSlice,
+    Node,
+    Problem,
+    Service,
+    parse_endpoint_slice,
+    parse_node,
+    parse_service,
+)
+
+ServiceId = tuple[str, str]  # (namespace, name)
+KINDS = ("Service", "EndpointSlice", "Node")
+log = structlog.get_logger("ipvsproxy.store")
+
+
+@dataclass(frozen=True, slots=True)
+class Changes:
+    """What a sync has to do, taken from the store in one go."""
+
+    dirty: frozenset[ServiceId] = frozenset()
+    full: bool = False  # the Node or a whole list changed: recompute everything
+    trigger_times: tuple[float, ...] = ()  # EndpointSlice last-change-trigger-time, unix s
+    first_queued: float | None = None  # unix time of the oldest change in this batch
+
+    def __bool__(self) -> bool:
+        return bool(self.dirty) or self.full
+
+
+@dataclass(slots=True)
+class _Pending:
+    services: set[ServiceId] = field(default_factory=set)  # by a Service change
+    endpoints: set[ServiceId] = field(default_factory=set)  # by an EndpointSlice change
+    full: bool = False
+    trigger_times: list[float] = field(default_factory=list)
+    first_queued: float | None = None
+
+
+class Store:
+    def __init__(self, node_name: str, on_queued: Callable[[], None] | None = None,
+                 on_node: Callable[[Mapping[str, Any] | None], None] | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.node_name = node_name
+        self._on_queued = on_queued  # health and metrics: an update is queued
+        self._on_node = on_node  # health: node eligibility from the raw Node
+        self._clock = clock
+        self._cond = threading.Condition()
+        self.services: dict[ServiceId, Service] = {}
+        self.slices: dict[tuple[str, str], EndpointSlice] = {}  # (namespace, slice name)
+        self._slices_of: dict[ServiceId, set[tuple[str, str]]] = {}
+        self.node: Node | None = None
+        self.listed: set[str] = set()
+        self.problems: dict[tuple[str, str, str], tuple[Problem, ...]] = {}
+        self._pending = _Pending()
+        self.service_changes_total = 0
+        self.endpoint_changes_total = 0
+
+    # ----------------------------------------------------------------- the reflectors' sink
+
+    def replace(self, kind: str, items: list[dict[str, Any]]) -> None:
+        """A complete list of `kind`: what is held and not listed was deleted meanwhile."""
+        with self._cond:
+            if kind == "Node":
+                mine = [i for i in items if _name(i) == self.node_name]
+                self._set_node(mine[0] if mine else None)
+            else:
+                held = set(self.services if kind == "Service" else self.slices)
+                seen: set[tuple[str, str]] = set()
+                for obj in items:
+                    seen.add(_key(obj))
+                    self._upsert(kind, obj)
+                for key in held - seen:
+                    self._delete(kind, key)
+            self.listed.add(kind)
+            self._cond.notify_all()
+
+    def event(self, kind: str, type_: str, obj: dict[str, Any]) -> None:
+        with self._cond:
+            if kind == "Node":
+                if _name(obj) == self.node_name:
+                    self._set_node(None if type_ == "DELETED" else obj)
+            elif type_ == "DELETED":
+                self._delete(kind, _key(obj))
+            else:
+                self._upsert(kind, obj)
+            self._cond.notify_all()
+
+    # -------------------------------------------------------------------- the reconciler's
+
+    def initialized(self) -> bool:
+        """Services, EndpointSlices and the Node have each been listed once: before that,
+        a sync would delete what the cluster still has (kube-proxy waits the same way)."""
+        with self._cond:
+            return self.listed >= set(KINDS)
+
+    def wait(self, timeout: float) -> bool:
+        """Block until there are changes (or the store got initialized), at most `timeout`."""
+        with self._cond:
+            return self._cond.wait_for(lambda: bool(self._pending_changes()), timeout)
+
+    def notify(self) -> None:
+        """Wake a waiting reconciler (used when stopping)."""
+        with self._cond:
+            self._cond.notify_all()
+
+    def pending_any(self) -> bool:
+        with self._cond:
+            return self._pending_changes()
+
+    def pending(self) -> tuple[int, int]:
+        """(services with Service changes, services with endpoint changes) not yet taken."""
+        with self._cond:
+            return len(self._pending.services), len(self._pending.endpoints)
+
+    def take(self) -> Changes:
+        with self._cond:
+            p, self._pending = self._pending, _Pending()
+            return Changes(frozenset(p.services | p.endpoints), p.full, tuple(p.trigger_times),
+                           p.first_queued)
+
+    def requeue(self, changes: Changes) -> None:
+        """Put back changes a failed sync did not apply."""
+        with self._cond:
+            self._pending.endpoints |= changes.dirty
+            self._pending.full |= changes.full
+            self._pending.trigger_times.extend(changes.trigger_times)
+            if self._pending.first_queued is None:
+                self._pending.first_queued = changes.first_queued
+
+    def snapshot(self, ids: Collection[ServiceId] | None = None) -> Snapshot:
+        """The objects for compute_desired: all of them, or the named services and their
+        slices (an incremental sync)."""
+        with self._cond:
+            if ids is None:
+                return Snapshot(tuple(self.services.values()), tuple(self.slices.values()),
+                                self.node)
+            svcs = tuple(self.services[i] for i in ids if i in self.services)
+            slices = tuple(self.slices[k] for i in ids for k in self._slices_of.get(i, ()))
+            return Snapshot(svcs, slices, self.node)
+
+    def invalid_counts(self) -> dict[str, int]:
+        with self._cond:
+            out = dict.fromkeys(KINDS, 0)
+            for kind, _, _ in self.problems:
+                out[kind] = out.get(kind, 0) + 1
+            return out
+
+    # ------------------------------------------------------------------------ internals
+
+    def _pending_changes(self) -> bool:
+        p = self._pending
+        return bool(p.services or p.endpoints or p.full)
+
+    def _queued(self) -> None:
+        if self._pending.first_queued is None:
+            self._pending.first_queued = self._clock()
+        if self._on_queued is not None:
+            self._on_queued()
+
+    def _report(self, kind: str, key: tuple[str, str], probs: Iterable[Problem]) -> None:
+        """Log an object's problems once: when they first appear or change."""
+        pkey = (kind, *key)
+        now = tuple(probs)
+        if self.problems.get(pkey, ()) == now:
+            return
+        if now:
+            self.problems[pkey] = now
+            for p in now:
+                log.warning("invalid object", kind=p.kind, object=f"{p.namespace}/{p.name}"
+                            if p.namespace else p.name, reason=p.reason)
+        else:
+            self.problems.pop(pkey, None)
+
+    def _upsert(self, kind: str, obj: Mapping[str, Any]) -> None:
+        key = _key(obj)
+        if kind == "Service":
+            svc, probs = parse_service(obj)
+            self._report(kind, key, probs)
+            if svc is None:
+                self._delete(kind, key, keep_problems=True)
+            elif self.services.get(key) != svc:
+                self.services[key] = svc
+                self._service_changed(key)
+        elif kind == "EndpointSlice":
+            sl, probs = parse_endpoint_slice(obj)
+            self._report(kind, key, probs)
+            if sl is None:
+                self._delete(kind, key, keep_problems=True)
+                return
+            old = self.slices.get(key)
+            if old == sl:
+                return
+            self.slices[key] = sl
+            if old is not None and old.service != sl.service:
+                self._unlink(old, key)
+            self._slices_of.setdefault((sl.namespace, sl.service), set()).add(key)
+            if sl.trigger_time:
+                t = _parse_time(sl.trigger_time)
+                if t is not None:
+                    self._pending.trigger_times.append(t)
+            self._endpoints_changed((sl.namespace, sl.service))
+            if old is not None and old.service != sl.service:
+                self._endpoints_changed((old.namespace, old.service))
+
+    def _delete(self, kind: str, key: tuple[str, str], keep_problems: bool = False) -> None:
+        if not keep_problems:
+            self.problems.pop((kind, *key), None)
+        if kind == "Service":
+            if self.services.pop(key, None) is not None:
+                self._service_changed(key)
+        elif kind == "EndpointSlice":
+            old = self.slices.pop(key, None)
+            if old is not None:
+                self._unlink(old, key)
+                self._endpoints_changed((old.namespace, old.service))
+
+    def _unlink(self, sl: EndpointSlice, key: tuple[str, str]) -> None:
+        sid = (sl.namespace, sl.service)
+        keys = self._slices_of.get(sid)
+        if keys is not None:
+            keys.discard(key)
+            if not keys:
+                del self._slices_of[sid]
+
+    def _service_changed(self, sid: ServiceId) -> None:
+        self.service_changes_total += 1
+        self._pending.services.add(sid)
+        self._queued()
+
+    def _endpoints_changed(self, sid: ServiceId) -> None:
+        self.endpoint_changes_total += 1
+        self._pending.endpoints.add(sid)
+        self._queued()
+
+    def _set_node(self, obj: Mapping[str, Any] | None) -> None:
+        if self._on_node is not None:
+            self._on_node(obj)
+        node = None
+        if obj is not None:
+            node, probs = parse_node(obj)
+            self._report("Node", ("", self.node_name), probs)
+        if node != self.node:
+            # zone and addresses feed every service (topology, NodePort addresses)
+            self.node = node
+            self._pending.full = True
+            self._queued()
+
+
+def _name(obj: Mapping[str, Any]) -> str:
+    meta = obj.get("metadata")
+    name = meta.get("name") if isinstance(meta, Mapping) else None
+    return name.lower() if isinstance(name, str) else ""
+
+
+def _key(obj: Mapping[str, Any]) -> tuple[str, str]:
+    meta = obj.get("metadata")
+    if not isinstance(meta, Mapping):
+        return ("", "")
+    ns, name = meta.get("namespace"), meta.get("name")
+    return (ns if isinstance(ns, str) else "", name if isinstance(name, str) else "")
+
+
+def _parse_time(text: str) -> float | None:
+    """RFC 3339 (the annotation's format, e.g. 2026-11-23T10:00:00Z) to unix seconds."""
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None

@@ -1,0 +1,142 @@
+"""The reconciler loop's decisions (daemon/reconciler.py), with a recording stand-in for the
+kernel shell: when it syncs fully or incrementally, what it reads back, how failures are
+retried. What the operations do to a real kernel is proven in tests/kernel/test_daemon.py."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from ipvsproxy.config import Config
+from ipvsproxy.core.desired import Desired, HostFacts
+from ipvsproxy.core.ipvs import ObservedService, ServiceKey
+from ipvsproxy.core.plan import Observed, Plan
+from ipvsproxy.daemon.reconciler import Reconciler
+from ipvsproxy.daemon.store import Store
+from ipvsproxy.kernel.dataplane import Failure
+from tests.unit.kube_objects import HOST, NODE, ep, node, service, slice_
+from tests.unit.test_incremental import as_observed
+
+CFG = Config(hostname=NODE, min_sync_period=0.0, sync_period=3600.0)
+
+
+class Recorder:
+    """Holds what was 'applied' as a desired state, and records every call."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+        self.plans: list[Plan] = []
+        self.fail_next = 0
+        self.state: Desired | None = None
+
+    def host_facts(self) -> HostFacts:
+        return HOST
+
+    def observe(self, des: Desired) -> Observed:
+        self.calls.append("observe")
+        self.state = des
+        return Observed() if len(self.plans) == 0 else as_observed(self.state)
+
+    def read_services(self, keys: Iterable[ServiceKey]) -> dict[ServiceKey, ObservedService]:
+        ks = sorted(keys, key=str)
+        self.calls.append(f"read {len(ks)}")
+        assert self.state is not None
+        obs = as_observed(self.state)
+        return {k: obs.services[k] for k in ks if k in obs.services}
+
+    def apply(self, plan: Plan) -> list[Any]:
+        self.calls.append(f"apply {len(plan.lines())}")
+        self.plans.append(plan)
+        if self.fail_next:
+            self.fail_next -= 1
+            return [Failure("ipvsadm -a ...", "File exists", "ipvs_add_dest")]
+        return []
+
+    def clear_udp(self, des: Mapping[ServiceKey, Any], keys: Iterable[ServiceKey],
+                  families: Iterable[int]) -> int:
+        return 0
+
+
+def cluster(n: int) -> Store:
+    s = Store(NODE)
+    s.replace("Service", [service(f"s{i}", f"10.96.0.{i}") for i in range(1, n + 1)])
+    s.replace("EndpointSlice", [slice_(f"s{i}", ep(f"10.244.1.{i}", "node-b"))
+                                for i in range(1, n + 1)])
+    s.replace("Node", [node()])
+    return s
+
+
+def test_first_sync_is_full_then_changes_are_incremental() -> None:
+    s, k = cluster(20), Recorder()
+    r = Reconciler(CFG, s, kernel=k)
+    assert r.sync_once(s.take(), full=False)  # nothing applied yet: full regardless
+    assert k.calls == ["observe", f"apply {len(k.plans[0].lines())}"]
+    assert r.last is not None and r.last.mode == "full"
+    s.event("EndpointSlice", "MODIFIED",
+            slice_("s7", ep("10.244.1.7", "node-b"), ep("10.244.9.9", "node-b")))
+    k.calls.clear()
+    assert r.sync_once(s.take(), full=False)
+    assert k.calls == ["read 1", "apply 1"]
+    assert k.plans[-1].lines() == ["ipvsadm -a -t 10.96.0.7:80 -r 10.244.9.9:80 -m -w 1"]
+    assert r.last.mode == "incremental" and r.last.operations == {"ipvs_add_dest": 1}
+
+
+def test_a_failed_operation_is_retried_by_a_full_sync() -> None:
+    s, k = cluster(3), Recorder()
+    r = Reconciler(CFG, s, kernel=k)
+    r.sync_once(s.take(), full=True)
+    k.fail_next = 1
+    s.event("Service", "DELETED", service("s2", "10.96.0.2"))
+    changes = s.take()
+    assert not r.sync_once(changes, full=False)
+    assert r.applied is None  # the kernel is not as planned: read it all again next time
+    assert r.sync_once(s.take(), full=False)
+    assert r.last is not None and r.last.mode == "full"
+
+
+def test_an_exception_in_a_sync_does_not_end_the_loop() -> None:
+    s, k = cluster(2), Recorder()
+    boom = {"n": 1}
+
+    def observe(des: Desired) -> Observed:
+        if boom["n"]:
+            boom["n"] -= 1
+            raise OSError(19, "No such device")
+        return Observed()
+
+    k.observe = observe  # type: ignore[method-assign]
+    r = Reconciler(Config(hostname=NODE, min_sync_period=0.0, sync_period=3600.0), s, kernel=k)
+    stop = threading.Event()
+    t = threading.Thread(target=r.run, args=(stop,), daemon=True)
+    t.start()
+    deadline = time.monotonic() + 20
+    while r.syncs < 1 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    stop.set()
+    s.notify()
+    t.join(10)
+    assert r.syncs >= 1 and not t.is_alive()
+
+
+def test_bursts_coalesce_into_one_sync() -> None:
+    s, k = cluster(5), Recorder()
+    r = Reconciler(Config(hostname=NODE, min_sync_period=0.5, sync_period=3600.0), s,
+                   kernel=k)
+    stop = threading.Event()
+    t = threading.Thread(target=r.run, args=(stop,), daemon=True)
+    t.start()
+    deadline = time.monotonic() + 20
+    while r.syncs < 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    for i in range(1, 6):  # five changes inside the min-sync-period window
+        s.event("EndpointSlice", "MODIFIED", slice_(f"s{i}", ep(f"10.244.2.{i}", "node-b")))
+    while r.syncs < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    stop.set()
+    s.notify()
+    t.join(10)
+    assert r.syncs == 2
+    assert r.last is not None and r.last.mode == "incremental"
+    assert r.last.operations == {"ipvs_add_dest": 5, "ipvs_del_dest": 5}

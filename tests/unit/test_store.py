@@ -1,0 +1,109 @@
+"""The state store (daemon/store.py): changes tracked per service, deletions found from a fresh
+list, equal objects ignored, invalid objects reported once, initialisation gated on all kinds."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import structlog
+
+from ipvsproxy.daemon.store import Store
+from tests.unit.kube_objects import NODE, ep, node, service, slice_
+
+
+def store() -> Store:
+    return Store(NODE, clock=lambda: 1000.0)
+
+
+def listed(s: Store, services: list[dict[str, Any]], slices: list[dict[str, Any]]) -> None:
+    s.replace("Service", services)
+    s.replace("EndpointSlice", slices)
+    s.replace("Node", [node()])
+
+
+def test_initialised_only_when_every_kind_was_listed() -> None:
+    s = store()
+    s.replace("Service", [])
+    s.replace("EndpointSlice", [])
+    assert not s.initialized()
+    s.replace("Node", [])  # no Node object (yet): listed all the same
+    assert s.initialized()
+
+
+def test_changes_are_per_service_and_equal_objects_are_no_change() -> None:
+    s = store()
+    listed(s, [service("a", "10.96.0.1"), service("b", "10.96.0.2")],
+           [slice_("a", ep("10.244.1.1"))])
+    first = s.take()
+    assert first.dirty == {("default", "a"), ("default", "b")} and first.full
+    s.event("Service", "MODIFIED", service("a", "10.96.0.1"))  # same content
+    assert not s.take()
+    s.event("EndpointSlice", "MODIFIED", slice_("a", ep("10.244.1.1"), ep("10.244.1.2")))
+    ch = s.take()
+    assert ch.dirty == {("default", "a")} and not ch.full
+    snap = s.snapshot(ch.dirty)
+    assert [x.name for x in snap.services] == ["a"]
+    assert [len(x.endpoints) for x in snap.slices] == [2]
+
+
+def test_a_fresh_list_deletes_what_it_lacks() -> None:
+    s = store()
+    listed(s, [service("a", "10.96.0.1"), service("b", "10.96.0.2")],
+           [slice_("a", ep("10.244.1.1")), slice_("b", ep("10.244.1.2"))])
+    s.take()
+    s.replace("Service", [service("a", "10.96.0.1")])
+    s.replace("EndpointSlice", [slice_("a", ep("10.244.1.1"))])
+    assert s.take().dirty == {("default", "b")}
+    assert [x.name for x in s.snapshot().services] == ["a"]
+    assert [x.service for x in s.snapshot().slices] == ["a"]
+
+
+def test_a_slice_moving_to_another_service_dirties_both() -> None:
+    s = store()
+    listed(s, [], [slice_("a", ep("10.244.1.1"), name="x")])
+    s.take()
+    s.event("EndpointSlice", "MODIFIED", slice_("b", ep("10.244.1.1"), name="x"))
+    assert s.take().dirty == {("default", "a"), ("default", "b")}
+    assert not s.snapshot({("default", "a")}).slices
+
+
+def test_node_changes_ask_for_a_full_sync_and_other_nodes_are_ignored() -> None:
+    seen: list[Any] = []
+    s = Store(NODE, on_node=seen.append)
+    listed(s, [], [])
+    s.take()
+    s.event("Node", "MODIFIED", node("other-node", "192.168.1.99"))
+    assert not s.take()
+    s.event("Node", "MODIFIED", node(NODE, "192.168.1.10", zone="z1"))
+    assert s.take().full
+    s.event("Node", "DELETED", node(NODE))
+    assert s.take().full and s.node is None and seen[-1] is None
+
+
+def test_invalid_objects_are_reported_once_and_do_not_stop_others() -> None:
+    s = store()
+    bad = service("bad", "10.96.0.300")
+    with structlog.testing.capture_logs() as logs:
+        listed(s, [bad, service("good", "10.96.0.2")], [])
+        s.event("Service", "MODIFIED", bad)
+        s.event("Service", "MODIFIED", bad)
+    warnings = [e for e in logs if e["event"] == "invalid object"]
+    assert len(warnings) == 1 and warnings[0]["object"] == "default/bad"
+    assert [x.name for x in s.snapshot().services] == ["good"]
+    assert s.invalid_counts()["Service"] == 1
+    s.event("Service", "DELETED", bad)
+    assert s.invalid_counts()["Service"] == 0
+
+
+def test_trigger_times_and_requeue() -> None:
+    s = store()
+    listed(s, [], [])
+    s.take()
+    sl = slice_("a", ep("10.244.1.1"))
+    sl["metadata"]["annotations"] = {
+        "endpoints.kubernetes.io/last-change-trigger-time": "2026-11-23T10:00:00Z"}
+    s.event("EndpointSlice", "ADDED", sl)
+    ch = s.take()
+    assert ch.trigger_times == (1795428000.0,) and ch.first_queued == 1000.0
+    s.requeue(ch)
+    assert s.take().dirty == ch.dirty
