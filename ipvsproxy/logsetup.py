@@ -17,6 +17,38 @@ LogFormat = Literal["json", "console"]
 _LEVELS = {0: logging.INFO, 1: logging.INFO, 2: logging.DEBUG}
 
 
+class _StderrLogger:
+    """Writes each line to whatever ``sys.stderr`` is *now*.
+
+    structlog's WriteLogger keeps the stream it was built with; when that stream is later
+    replaced and closed (pytest's capture, a daemonised child) every log call raises
+    "I/O operation on closed file" -- in a sync loop that turned a log line into a failure.
+    """
+
+    def msg(self, message: str) -> None:
+        stream = sys.stderr
+        stream.write(message + "\n")
+        stream.flush()
+
+    log = debug = info = warn = warning = error = critical = exception = fatal = msg
+
+
+def _stderr_logger(*_args: Any) -> _StderrLogger:
+    return _StderrLogger()
+
+
+class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """A StreamHandler bound to the current ``sys.stderr`` for the same reason."""
+
+    @property  # type: ignore[override]
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value: Any) -> None:
+        pass
+
+
 def default_format() -> LogFormat:
     return "console" if sys.stderr.isatty() else "json"
 
@@ -40,10 +72,10 @@ def setup_logging(verbosity: int = 0, fmt: LogFormat | None = None) -> None:
     structlog.configure(
         processors=[*shared, *tb, renderer],
         wrapper_class=structlog.make_filtering_bound_logger(level),
-        logger_factory=structlog.WriteLoggerFactory(file=sys.stderr),
+        logger_factory=_stderr_logger,
         cache_logger_on_first_use=False,
     )
-    handler = logging.StreamHandler(sys.stderr)
+    handler = _StderrHandler()
     handler.setFormatter(
         structlog.stdlib.ProcessorFormatter(
             foreign_pre_chain=[structlog.stdlib.add_logger_name, *shared],
