@@ -40,7 +40,7 @@ def _stderr_logger(*_args: Any) -> _StderrLogger:
 class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
     """A StreamHandler bound to the current ``sys.stderr`` for the same reason."""
 
-    @property  # type: ignore[override]
+    @property
     def stream(self) -> Any:
         return sys.stderr
 
