@@ -115,6 +115,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv is None:
         argv = sys.argv[1:]
     args = build_parser(_command(argv) or "").parse_args(argv)
+    args.argv = list(argv)  # which flags were typed (run --config: typed flags beat the file)
     module = _load(args.command)
     if getattr(module, "LOGS", True):
         # structlog pulls in asyncio: seconds under emulation. Listing commands skip it.

@@ -4,6 +4,7 @@ mean the same (shared/reference/kube-proxy-ipvs.md §3.1); the CLI builds it, th
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import re
 import socket
 from dataclasses import dataclass
@@ -177,6 +178,56 @@ def from_args(args: argparse.Namespace) -> Config:
     )
 
 
+def parse_bind_address(text: str, default_port: int | None = None) -> tuple[str, int]:
+    """IP:PORT ("0.0.0.0:10256", "[::]:10256", "[fd00::1]:10256"), or ":PORT" for every
+    address, as (host, port). With default_port, a bare IP ("10.0.0.1", "fd00::1") gets it, as
+    kube-proxy's AppendPortIfNeeded does (pkg/proxy/util). The host must be an IP literal:
+    kube-proxy's config validation (validateHostPort) refuses host names."""
+    text = text.strip()
+    bare = _ip(text[1:-1] if text.startswith("[") and text.endswith("]") else text)
+    if bare is not None:
+        if default_port is None:
+            raise ValueError(f"bind address {text!r} has no port (IP:PORT, e.g. 0.0.0.0:10256)")
+        return bare.compressed, default_port
+    host, sep, port_text = text.rpartition(":")
+    if not sep:
+        raise ValueError(f"bind address {text!r} is not IP:PORT (e.g. 0.0.0.0:10256)")
+    if host.startswith("[") and host.endswith("]"):  # any IP, as Go's SplitHostPort
+        ip = _ip(host[1:-1])
+        if ip is None:
+            raise ValueError(f"bind address {text!r}: {host[1:-1]!r} is not an IP address")
+        host = ip.compressed
+    elif host:
+        ip = _ip(host)
+        if ip is None or ip.version != 4:
+            raise ValueError(f"bind address {text!r}: {host!r} is not an IP address "
+                             "(an IPv6 one goes in brackets: [::]:10256)")
+        host = ip.compressed
+    if not (port_text.isascii() and port_text.isdigit()) or int(port_text) > 65535:
+        raise ValueError(f"bind address {text!r}: {port_text!r} is not a port (0-65535)")
+    return host, int(port_text)
+
+
+def _ip(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    try:
+        return ipaddress.ip_address(text)
+    except ValueError:
+        return None
+
+
+def bind_address(text: str, flag: str, default_port: int) -> str:
+    """The flag's HOST:PORT checked at start-up, so a typo fails with the flag's name and not
+    in a listener thread; "" turns the server off."""
+    text = text.strip()
+    if not text:
+        return ""
+    try:
+        parse_bind_address(text, default_port)
+    except ValueError as exc:
+        raise ConfigError(f"{flag}: {exc}") from None
+    return text
+
+
 def _daemon_fields(args: argparse.Namespace) -> dict[str, Any]:
     if not hasattr(args, "ipvs_sync_period"):
         return {}
@@ -191,7 +242,9 @@ def _daemon_fields(args: argparse.Namespace) -> dict[str, Any]:
         "min_sync_period": min_sync,
         "graceful_termination_period": duration(args.ipvs_graceful_termination_period,
                                                 "--ipvs-graceful-termination-period"),
-        "healthz_bind_address": args.healthz_bind_address.strip(),
-        "metrics_bind_address": args.metrics_bind_address.strip(),
+        "healthz_bind_address": bind_address(args.healthz_bind_address,
+                                             "--healthz-bind-address", 10256),
+        "metrics_bind_address": bind_address(args.metrics_bind_address,
+                                             "--metrics-bind-address", 10249),
         "service_metrics": args.service_metrics == "true",
     }

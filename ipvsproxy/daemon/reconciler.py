@@ -19,6 +19,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from socket import AF_INET, AF_INET6
 from typing import Any, Protocol
 
 import structlog
@@ -26,7 +27,7 @@ import structlog
 from ipvsproxy.config import Config
 from ipvsproxy.core.desired import Desired, HostFacts, compute_desired
 from ipvsproxy.core.incremental import Applied
-from ipvsproxy.core.ipvs import DestKey, ObservedService, ServiceKey
+from ipvsproxy.core.ipvs import DestKey, ObservedService, RealServer, ServiceKey
 from ipvsproxy.core.ipvs import Protocol as IpProto
 from ipvsproxy.core.plan import Ipvs, Observed, Plan, diff, step_counts
 from ipvsproxy.daemon.store import Changes, Store
@@ -42,8 +43,8 @@ class Kernel(Protocol):
     def observe(self, des: Desired) -> Observed: ...
     def read_services(self, keys: Iterable[ServiceKey]) -> dict[ServiceKey, ObservedService]: ...
     def apply(self, plan: Plan) -> list[Any]: ...
-    def clear_udp(self, des: Mapping[ServiceKey, Any], keys: Iterable[ServiceKey],
-                  families: Iterable[int]) -> int: ...
+    def clear_udp(self, dests: Mapping[ServiceKey, tuple[RealServer, ...]],
+                  keys: Iterable[ServiceKey], families: Iterable[int]) -> int: ...
 
 
 class NodeKernel:
@@ -69,9 +70,19 @@ class NodeKernel:
 
         return dataplane.apply(plan)
 
-    def clear_udp(self, des: Mapping[ServiceKey, Any], keys: Iterable[ServiceKey],
-                  families: Iterable[int]) -> int:
-        return 0
+    def clear_udp(self, dests: Mapping[ServiceKey, tuple[RealServer, ...]],
+                  keys: Iterable[ServiceKey], families: Iterable[int]) -> int:
+        from ipvsproxy.core.conntrack_filters import udp_filters
+        from ipvsproxy.kernel.conntrack import clear_stale_udp
+
+        filters = udp_filters(dests, keys)
+        deleted = 0
+        for fam in families:
+            af = AF_INET if fam == 4 else AF_INET6
+            mine = {k: v for k, v in filters.items() if k[0] == af}
+            if mine:
+                deleted += clear_stale_udp(mine, fam)
+        return deleted
 
 
 @dataclass(slots=True)
@@ -101,6 +112,7 @@ class Reconciler:
         self.syncs = 0
         self.last: SyncResult | None = None
         self._totals = (0, 0)  # the store's change totals already counted in the metrics
+        self.after_sync: Callable[[], None] | None = None  # e.g. health-check node ports
 
     # --------------------------------------------------------------------------- the loop
 
@@ -175,7 +187,7 @@ class Reconciler:
         result = SyncResult("full", step_counts(plan.steps), failures)
         if not changes and self.metrics is not None and plan.steps:
             self.metrics.drift_repaired.inc(sum(result.operations.values()))
-        self._clear_udp(plan, des.services)
+        self._clear_udp(plan, des.dests)
         return result
 
     def _incremental(self, changes: Changes) -> SyncResult | None:
@@ -191,7 +203,7 @@ class Reconciler:
         self._track_draining(plan, scope)
         self.applied.commit(part, dirty, self.cfg, scope)
         self._report(part.problems + plan.problems, partial=True)
-        self._clear_udp(plan, part.services)
+        self._clear_udp(plan, part.dests)
         return SyncResult("incremental", step_counts(plan.steps), failures)
 
     # ----------------------------------------------------------------------------- helpers
@@ -211,7 +223,7 @@ class Reconciler:
         for k in still:
             self.draining.setdefault(k, now)
 
-    def _clear_udp(self, plan: Plan, services: Mapping[ServiceKey, Any]) -> None:
+    def _clear_udp(self, plan: Plan, dests: Mapping[ServiceKey, tuple[RealServer, ...]]) -> None:
         """After real servers of UDP virtual servers changed, flows still pinned (in conntrack)
         to removed ones are deleted, as kube-proxy does: UDP has no end of connection."""
         keys = {s.op.service.key for s in plan.steps if isinstance(s, Ipvs)
@@ -220,7 +232,7 @@ class Reconciler:
             return
         try:
             t0 = self.clock()
-            n = self.kernel.clear_udp(services, keys, self.cfg.families)
+            n = self.kernel.clear_udp(dests, keys, self.cfg.families)
             if self.metrics is not None:
                 for fam in self.cfg.families:
                     lbl = FAMILY_LABEL[fam]
@@ -256,6 +268,11 @@ class Reconciler:
         if ok and self.health is not None:
             for fam in self.cfg.families:
                 self.health.updated(fam)
+        if self.after_sync is not None:
+            try:
+                self.after_sync()
+            except Exception as exc:
+                log.warning("after-sync hook failed", error=str(exc))
         m = self.metrics
         if m is None:
             return

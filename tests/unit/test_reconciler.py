@@ -11,7 +11,7 @@ from typing import Any
 
 from ipvsproxy.config import Config
 from ipvsproxy.core.desired import Desired, HostFacts
-from ipvsproxy.core.ipvs import ObservedService, ServiceKey
+from ipvsproxy.core.ipvs import ObservedService, RealServer, ServiceKey
 from ipvsproxy.core.plan import Observed, Plan
 from ipvsproxy.daemon.reconciler import Reconciler
 from ipvsproxy.daemon.store import Store
@@ -30,6 +30,7 @@ class Recorder:
         self.plans: list[Plan] = []
         self.fail_next = 0
         self.state: Desired | None = None
+        self.cleared: list[dict[ServiceKey, tuple[RealServer, ...]]] = []
 
     def host_facts(self) -> HostFacts:
         return HOST
@@ -54,8 +55,9 @@ class Recorder:
             return [Failure("ipvsadm -a ...", "File exists", "ipvs_add_dest")]
         return []
 
-    def clear_udp(self, des: Mapping[ServiceKey, Any], keys: Iterable[ServiceKey],
-                  families: Iterable[int]) -> int:
+    def clear_udp(self, dests: Mapping[ServiceKey, tuple[RealServer, ...]],
+                  keys: Iterable[ServiceKey], families: Iterable[int]) -> int:
+        self.cleared.append({k: dests.get(k, ()) for k in keys})
         return 0
 
 
@@ -140,3 +142,26 @@ def test_bursts_coalesce_into_one_sync() -> None:
     assert r.syncs == 2
     assert r.last is not None and r.last.mode == "incremental"
     assert r.last.operations == {"ipvs_add_dest": 5, "ipvs_del_dest": 5}
+
+
+def test_removed_udp_endpoints_have_their_flows_cleared_tcp_ones_do_not() -> None:
+    s, k = Store(NODE), Recorder()
+    dns = {"name": "dns", "port": 53, "protocol": "UDP"}
+    s.replace("Service", [service("dns", "10.96.0.53", dns), service("web", "10.96.0.80")])
+    s.replace("EndpointSlice", [
+        slice_("dns", ep("10.244.1.1", "node-b"), ep("10.244.1.2", "node-b"), port=53,
+               port_name="dns", proto="UDP"),
+        slice_("web", ep("10.244.1.1", "node-b"), ep("10.244.1.2", "node-b"))])
+    s.replace("Node", [node()])
+    r = Reconciler(CFG, s, kernel=k)
+    assert r.sync_once(s.take(), full=True)
+    k.cleared.clear()
+    s.event("EndpointSlice", "MODIFIED", slice_("dns", ep("10.244.1.1", "node-b"), port=53,
+                                                port_name="dns", proto="UDP"))
+    s.event("EndpointSlice", "MODIFIED", slice_("web", ep("10.244.1.1", "node-b")))
+    assert r.sync_once(s.take(), full=False)
+    # one call, for the UDP virtual server only, with the real servers that stay
+    [cleared] = k.cleared
+    [(key, dests)] = cleared.items()
+    assert (str(key.addr), key.port, key.protocol.name) == ("10.96.0.53", 53, "UDP")
+    assert [str(d.key) for d in dests] == ["10.244.1.1:53"]
