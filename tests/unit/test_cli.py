@@ -56,16 +56,3 @@ def test_json_logs_when_not_a_terminal() -> None:
     assert line["event"] == "sync_done"
     assert line["ops"] == 3
     assert line["level"] == "info"
-
-
-# Subcommands whose issues are still open. Each later issue removes its name from this list.
-NOT_BUILT_YET = ["explain"]
-
-
-@pytest.mark.parametrize("name", NOT_BUILT_YET)
-def test_unbuilt_subcommand_exits_2_with_one_line(
-    name: str, capsys: pytest.CaptureFixture[str]
-) -> None:
-    assert main([name]) == 2
-    err = capsys.readouterr().err.strip()
-    assert err == f"ipvsproxy {name}: not implemented yet"
