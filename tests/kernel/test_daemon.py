@@ -1,0 +1,354 @@
+"""`ipvsproxy run` end to end in the lab: the daemon against the test API server
+(tests/apiserver.py, with resourceVersions and watches) programs the real kernel, and real TCP
+goes through what it programs.
+
+One daemon runs for the module; the tests are steps of one story, in order: it programs the
+cluster, a new Service appears, endpoints scale (incrementally: the metrics count the kernel
+operations), an endpoint with an open connection drains and is deleted after the maximum drain
+time, `ipvsadm -C` by hand is repaired within a sync period, health and metrics answer, SIGTERM
+leaves the kernel as it was, and a restarted daemon applies nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.apiserver import ApiServer
+from tests.kernel.conftest import sh
+from tests.kernel.test_traffic import PODS, PODS_SH, service, slice_, who
+
+pytestmark = pytest.mark.kernel
+SYNC_PERIOD = 6.0
+DRAIN_LIMIT = 20.0
+HEALTHZ = "127.0.0.1:10256"
+METRICS = "127.0.0.1:10249"
+HTTP80 = [{"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP"}]
+HTTP = [{"name": "http", "port": 8080, "protocol": "TCP"}]
+ECHO = [{"name": "echo", "port": 9000, "protocol": "TCP"}]
+NODE_OBJ = {"kind": "Node", "apiVersion": "v1", "metadata": {"name": "node-a"},
+            "status": {"addresses": [{"type": "InternalIP", "address": "192.168.1.10"}]}}
+
+
+def wait_for(what: str, cond: Callable[[], Any], timeout: float = 60.0,
+             log: Daemon | None = None) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        got = cond()
+        if got:
+            return got
+        if time.monotonic() > deadline:
+            tail = "\n".join(log.text().splitlines()[-40:]) if log else ""
+            raise AssertionError(f"timed out waiting for {what}\n{tail}")
+        time.sleep(0.5)
+
+
+def get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def metrics() -> dict[str, float]:
+    """Every sample on /metrics, keyed by its name and labels as printed."""
+    _, text = get(f"http://{METRICS}/metrics")
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            key, _, value = line.rpartition(" ")
+            out[key] = float(value)
+    return out
+
+
+def operations(m: dict[str, float]) -> dict[str, float]:
+    """ipvsproxy_operations_total by kind (result ok)."""
+    out = {}
+    for key, v in m.items():
+        mt = re.fullmatch(r'ipvsproxy_operations_total\{kind="([^"]+)",result="ok"\}', key)
+        if mt:
+            out[mt.group(1)] = v
+    return out
+
+
+def syncs(m: dict[str, float], mode: str) -> float:
+    return m.get(f'ipvsproxy_syncs_total{{mode="{mode}",result="ok"}}', 0.0)
+
+
+def delta(after: dict[str, float], before: dict[str, float]) -> dict[str, float]:
+    return {k: v - before.get(k, 0.0) for k, v in after.items() if v != before.get(k, 0.0)}
+
+
+def kernel_state() -> str:
+    """Everything the daemon programs, as the standard tools print it (counters off)."""
+    return "\n".join([
+        # sorted: after a repair the kernel lists real servers in the order they were re-added
+        sh("ipvsadm -Sn | sort"), sh("ipset save | sort"),
+        sh("(iptables-save -t nat; iptables-save -t filter) | grep -v '^#' "
+           "| sed 's/\\[[0-9]*:[0-9]*\\]//'"),
+        sh("ip -br addr show dev kube-ipvs0")])
+
+
+@dataclass
+class Daemon:
+    proc: subprocess.Popen[bytes]
+    log: Path
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+def start_daemon(tmp: Path, kubeconfig: Path, name: str, sync_period: float = SYNC_PERIOD,
+                 first_sync_timeout: float = 240, extra: tuple[str, ...] = ()) -> Daemon:
+    log = tmp / f"{name}.log"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ipvsproxy", "--log-format", "json", "run",
+         "--kubeconfig", str(kubeconfig), "--hostname-override", "node-a",
+         "--cluster-cidr", "10.244.0.0/16", "--ip-families", "4",
+         "--ipvs-sync-period", f"{sync_period}s", "--ipvs-min-sync-period", "0.2s",
+         "--ipvs-graceful-termination-period", f"{DRAIN_LIMIT}s",
+         "--healthz-bind-address", HEALTHZ, "--metrics-bind-address", METRICS, *extra],
+        stdout=log.open("wb"), stderr=subprocess.STDOUT)
+    d = Daemon(proc, log)
+    wait_for("the daemon's first sync",
+             lambda: proc.poll() is not None or syncs(metrics_or_empty(), "full") >= 1,
+             first_sync_timeout, d)
+    assert proc.poll() is None, d.text()
+    return d
+
+
+def metrics_or_empty() -> dict[str, float]:
+    try:
+        return metrics()
+    except OSError:
+        return {}
+
+
+def stop_daemon(d: Daemon) -> int:
+    d.proc.send_signal(signal.SIGTERM)
+    return d.proc.wait(60)
+
+
+def ipvs_dests(vip: str) -> dict[str, tuple[int, int]]:
+    """Real servers of a TCP virtual server: address -> (weight, active connections)."""
+    out: dict[str, tuple[int, int]] = {}
+    for line in sh(f"ipvsadm -Ln -t {vip}").splitlines():
+        f = line.split()
+        if f and f[0] == "->" and f[1][0].isdigit():
+            out[f[1]] = (int(f[3]), int(f[4]))
+    return out
+
+
+@pytest.fixture(scope="module")
+def cluster(ipvs_modules: None, tmp_path_factory: pytest.TempPathFactory
+            ) -> Iterator[tuple[ApiServer, Path, Path]]:
+    tmp = tmp_path_factory.mktemp("daemon")
+    subprocess.run([sys.executable, "-m", "ipvsproxy", "cleanup"], check=False)
+    sh("ipvsadm -C")
+    sh(f"{PODS_SH} up pod1 pod2 pod3")
+    api = ApiServer()
+    api.start()
+    api.put(NODE_OBJ)
+    api.put(service("web", "10.96.0.10", HTTP80))
+    api.put(slice_("web-1", "web", ["pod1"], HTTP))
+    api.put(service("echo", "10.96.0.14", [{"name": "echo", "port": 9000, "protocol": "TCP"}]))
+    api.put(slice_("echo-1", "echo", ["pod1", "pod2", "pod3"], ECHO))
+    kubeconfig = tmp / "kubeconfig"
+    kubeconfig.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "lab",
+        "clusters": [{"name": "lab", "cluster": {"server": api.url}}],
+        "users": [{"name": "lab", "user": {}}],
+        "contexts": [{"name": "lab", "context": {"cluster": "lab", "user": "lab"}}]}))
+    yield api, kubeconfig, tmp
+    api.stop()
+    subprocess.run([sys.executable, "-m", "ipvsproxy", "cleanup"], check=False)
+    sh(f"{PODS_SH} down")
+
+
+@pytest.fixture(scope="module")
+def daemon(cluster: tuple[ApiServer, Path, Path]) -> Iterator[Daemon]:
+    _, kubeconfig, tmp = cluster
+    d = start_daemon(tmp, kubeconfig, "first")
+    yield d
+    if d.proc.poll() is None:
+        d.proc.kill()
+        d.proc.wait()
+
+
+def test_it_programs_the_cluster_and_traffic_flows(daemon: Daemon) -> None:
+    assert ipvs_dests("10.96.0.10:80") == {"10.244.1.11:8080": (1, 0)}
+    assert who("http://10.96.0.10", ns="pod2")[0] == "pod1"
+
+
+def test_a_new_service_appears(cluster: tuple[ApiServer, Path, Path], daemon: Daemon) -> None:
+    api = cluster[0]
+    api.put(service("web2", "10.96.0.20", HTTP80))
+    api.put(slice_("web2-1", "web2", ["pod2"], HTTP))
+    wait_for("web2 in IPVS", lambda: "10.96.0.20:80" in sh("ipvsadm -Ln"))
+    wait_for("web2 reachable", lambda: who("http://10.96.0.20", ns="pod1")[0] == "pod2")
+
+
+def test_scaling_changes_real_servers_incrementally(cluster: tuple[ApiServer, Path, Path],
+                                                    daemon: Daemon) -> None:
+    api = cluster[0]
+    before = metrics()
+    api.put(slice_("web-1", "web", ["pod1", "pod2", "pod3"], HTTP))
+    wait_for("three real servers", lambda: len(ipvs_dests("10.96.0.10:80")) == 3)
+    wait_for("the sync's metrics", lambda: syncs(metrics(), "incremental")
+             > syncs(before, "incremental"))
+    after = metrics()
+    # one incremental sync, two real servers added, nothing else touched in the kernel
+    assert delta(operations(after), operations(before)) == {"ipvs_add_dest": 2}
+    names = {who("http://10.96.0.10", ns="client")[0] for _ in range(3)}
+    assert names == {"pod1", "pod2", "pod3"}
+
+
+def test_removed_endpoint_with_a_connection_drains_then_goes(
+        cluster: tuple[ApiServer, Path, Path], daemon: Daemon) -> None:
+    api = cluster[0]
+    # an open TCP connection to the echo service from the client namespace
+    client = subprocess.Popen(
+        ["ip", "netns", "exec", "client", sys.executable, "-c", ECHO_CLIENT, "10.96.0.14"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert client.stdin is not None and client.stdout is not None
+    client.stdin.write("hello\n")
+    client.stdin.flush()
+    assert client.stdout.readline().strip() == "hello"
+    held = next(a for a, (_, act) in ipvs_dests("10.96.0.14:9000").items() if act > 0)
+    pod = next(p for p, (ip, _) in PODS.items() if held.startswith(ip + ":"))
+    others = [p for p in PODS if p != pod]
+    # remove the held pod and one idle pod: the idle one goes at once, the held one drains
+    api.put(slice_("echo-1", "echo", others[:1], ECHO))
+    wait_for("the drain", lambda: ipvs_dests("10.96.0.14:9000").get(held, (1, 0))[0] == 0)
+    dests = ipvs_dests("10.96.0.14:9000")
+    assert dests[held] == (0, 1) and len(dests) == 2, dests
+    client.stdin.write("still there\n")
+    client.stdin.flush()
+    assert client.stdout.readline().strip() == "still there"  # the connection keeps working
+    # after --ipvs-graceful-termination-period it is deleted although the connection is open
+    wait_for("the drained real server deleted",
+             lambda: held not in ipvs_dests("10.96.0.14:9000"), DRAIN_LIMIT + 3 * SYNC_PERIOD)
+    client.kill()
+    client.wait()
+
+
+def test_drift_is_repaired_within_a_sync_period(daemon: Daemon) -> None:
+    before = kernel_state()
+    m0 = metrics()
+    sh("ipvsadm -C")
+    t0 = time.monotonic()
+    # within one sync period, plus the time of the full sync itself under emulation
+    wait_for("the repair", lambda: kernel_state() == before, SYNC_PERIOD + 10.0)
+    print(f"ipvsadm -C repaired after {time.monotonic() - t0:.1f} s "
+          f"(sync period {SYNC_PERIOD} s)")
+    wait_for("the drift metric", lambda: metrics().get("ipvsproxy_drift_repaired_total", 0)
+             > m0.get("ipvsproxy_drift_repaired_total", 0))
+
+
+def test_health_and_metrics_answer(daemon: Daemon) -> None:
+    code, body = get(f"http://{HEALTHZ}/healthz")
+    assert code == 200, body
+    doc = json.loads(body)
+    assert doc["healthy"] is True and doc["nodeEligible"] is True
+    assert set(doc) >= {"lastUpdated", "currentTime", "healthy", "status"}
+    code, body = get(f"http://{HEALTHZ}/livez")
+    assert code == 200 and json.loads(body)["healthy"] is True
+    m = metrics()
+    for name in ["kubeproxy_sync_proxy_rules_duration_seconds_count{ip_family=\"IPv4\"}",
+                 "kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family=\"IPv4\"}",
+                 "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds{ip_family=\"IPv4\"}",
+                 "kubeproxy_sync_proxy_rules_endpoint_changes_total",
+                 "kubeproxy_sync_proxy_rules_service_changes_total",
+                 "ipvsproxy_virtual_servers", "ipvsproxy_real_servers"]:
+        assert name in m, name
+    assert m["ipvsproxy_virtual_servers"] == 3
+    for _ in range(3):  # counters start again at 0 when a virtual server is re-created
+        who("http://10.96.0.10", ns="client")
+    m = metrics()
+    web = [v for k, v in m.items() if k.startswith("ipvsproxy_service_connections_total{")
+           and 'service="web"' in k and 'port="http"' in k]
+    assert web and web[0] >= 3  # the requests of the tests above
+    assert get(f"http://{METRICS}/proxyMode") == (200, "ipvs")
+
+
+def test_sigterm_leaves_the_kernel_as_it_was(daemon: Daemon) -> None:
+    before = kernel_state()
+    assert stop_daemon(daemon) == 0
+    assert kernel_state() == before
+    assert who("http://10.96.0.10", ns="client")[0] in PODS  # traffic still flows
+    assert "Traceback" not in daemon.text()
+
+
+def test_a_restart_adopts_the_kernel_and_applies_nothing(
+        cluster: tuple[ApiServer, Path, Path], daemon: Daemon) -> None:
+    _, kubeconfig, tmp = cluster
+    before = kernel_state()
+    d = start_daemon(tmp, kubeconfig, "second")
+    try:
+        m = metrics()
+        assert operations(m) == {}, operations(m)
+        assert kernel_state() == before
+    finally:
+        assert stop_daemon(d) == 0
+    assert "Traceback" not in d.text()
+
+
+def test_one_endpoint_change_among_2000_services_touches_only_that_service(
+        cluster: tuple[ApiServer, Path, Path], daemon: Daemon) -> None:
+    api, kubeconfig, tmp = cluster
+    if daemon.proc.poll() is None:  # run on its own (-k): one daemon at a time
+        stop_daemon(daemon)
+    n = 2000
+    objs: list[dict[str, Any]] = []
+    for i in range(n):
+        ip = f"10.100.{i // 250}.{i % 250 + 1}"
+        objs.append(service(f"many-{i}", ip, HTTP80))
+        objs.append(slice_(f"many-{i}-1", f"many-{i}", ["pod1"], HTTP))
+    api.load(objs)
+    # per-service counters off: a scrape dumping 2,000 services' stats takes seconds under
+    # software emulation, and this test scrapes often
+    d = start_daemon(tmp, kubeconfig, "many", sync_period=300.0, first_sync_timeout=600,
+                     extra=("--service-metrics", "false"))
+    try:
+        assert wait_for("2000 more virtual servers", lambda: metrics().get(
+            "ipvsproxy_virtual_servers", 0) >= n + 3, 600, d)
+        before = metrics()
+        api.put(slice_("many-1234-1", "many-1234", ["pod1", "pod2"], HTTP))
+        wait_for("the new real server", lambda: "10.244.1.12:8080" in sh(
+            "ipvsadm -Ln -t 10.100.4.235:80"), log=d)
+        wait_for("the sync's metrics", lambda: syncs(metrics(), "incremental")
+                 > syncs(before, "incremental"))
+        after = metrics()
+        ops = delta(operations(after), operations(before))
+        print(f"{n} services: one endpoint change -> kernel operations {ops}")
+        assert ops == {"ipvs_add_dest": 1}
+        assert syncs(after, "full") == syncs(before, "full")
+    finally:
+        assert stop_daemon(d) == 0
+        for o in objs:
+            api.delete(o["kind"], "default", o["metadata"]["name"])
+    assert "Traceback" not in d.text()
+
+
+ECHO_CLIENT = """
+import socket, sys
+s = socket.create_connection((sys.argv[1], 9000), timeout=10)
+f = s.makefile("rw")
+for line in sys.stdin:
+    f.write(line); f.flush()
+    sys.stdout.write(f.readline()); sys.stdout.flush()
+"""
+
+
