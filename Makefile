@@ -37,7 +37,7 @@ unit: venv
 
 # Lint, types, unit tests and kernel tests (inside the lab), one pytest summary at the end.
 test: setup lint types
-	$(VENV)/bin/pytest
+	$(VENV)/bin/pytest --durations=25
 
 demo: setup
 	$(PY) -m integration.vm.lab -- bash integration/vm/demo.sh

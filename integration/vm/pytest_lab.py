@@ -1,8 +1,9 @@
-"""pytest bridge to the kernel lab: tests marked `kernel` run inside the lab guest, in one boot.
+"""pytest bridge to the kernel lab: tests marked `kernel` run inside lab guests, in one boot each.
 
-On the host, the first kernel test to run boots the lab once and runs every selected kernel
-test inside it (same checkout, same virtualenv, same node ids). The guest serialises each test
-report; the host replays them, so kernel tests count in the normal pytest summary.
+On the host, the first kernel test to run boots the lab guests (`--lab-guests`, default 2, side
+by side, each with a share of the test files) and runs every selected kernel test inside them
+(same checkout, same virtualenv, same node ids). Each guest serialises its test reports; the
+host replays them, so kernel tests count in the normal pytest summary.
 
 Rules this enforces (DEVELOPERS.md: "a kernel test that is skipped in CI is a failed test"):
 - a kernel test skipped inside the guest is reported as failed on the host;
@@ -17,6 +18,7 @@ import os
 import shlex
 import sys
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any, Literal
 
@@ -33,10 +35,17 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--lab-timeout", type=float, default=float(os.environ.get("IPVSPROXY_LAB_TIMEOUT", 2400)),
         help="seconds the lab guest may run all kernel tests",
     )
+    group.addoption(
+        "--lab-guests", type=int, default=int(os.environ.get("IPVSPROXY_LAB_GUESTS", 2)),
+        help="lab guests booted side by side, each running a share of the kernel test files",
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.stash[_STATE_KEY] = {"reports": None, "error": None, "meta": {}}
+    config.stash[_STATE_KEY] = {"reports": None, "errors": {}, "outputs": {}, "meta": {}}
+    config.addinivalue_line(
+        "markers", "lab_cost(seconds): about how long this test file runs in the lab guest; "
+        "only balances the guests")
     if IN_LAB and config.getoption("--lab-report"):
         config.pluginmanager.register(_GuestRecorder(config), "lab-guest-recorder")
 
@@ -66,56 +75,108 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     # Keep kernel tests together at the end, so the one boot happens after the fast tests.
     if not IN_LAB:
         items.sort(key=lambda it: it.get_closest_marker("kernel") is not None)
-    config.stash[_STATE_KEY]["kernel_ids"] = [
-        it.nodeid for it in items if it.get_closest_marker("kernel") is not None
-    ]
+    kernel = [it for it in items if it.get_closest_marker("kernel") is not None]
+    config.stash[_STATE_KEY]["kernel_items"] = kernel
+    config.stash[_STATE_KEY]["kernel_ids"] = [it.nodeid for it in kernel]
+
+
+def _shards(items: list[pytest.Item], n: int) -> list[list[str]]:
+    """Split the kernel tests into at most `n` groups of whole files, balanced by cost.
+
+    A file stays in one guest: its tests may share module fixtures and run as steps of one
+    story. A file's cost is its `lab_cost(seconds)` marker (measured, only used for balance),
+    else 10 s per test. Longest first onto the lightest guest (LPT), order kept within a guest.
+    """
+    files: dict[str, list[str]] = {}
+    cost: dict[str, float] = {}
+    for it in items:
+        f = it.nodeid.split("::", 1)[0]
+        files.setdefault(f, []).append(it.nodeid)
+        mark = it.get_closest_marker("lab_cost")
+        if mark is not None:
+            cost[f] = float(mark.args[0])
+    weight = {f: cost.get(f, 10.0 * len(ids)) for f, ids in files.items()}
+    groups: list[list[str]] = [[] for _ in range(max(1, min(n, len(files))))]
+    load = [0.0] * len(groups)
+    for f in sorted(files, key=lambda f: -weight[f]):
+        i = load.index(min(load))
+        groups[i].append(f)
+        load[i] += weight[f]
+    order = list(files)
+    return [[nid for f in sorted(g, key=order.index) for nid in files[f]] for g in groups]
 
 
 def _run_lab(config: pytest.Config) -> None:
+    """Boot one lab guest per shard, all at once, and collect every test's report.
+
+    Each guest has its own kernel, so shards cannot disturb each other's IPVS tables; with
+    software emulation a guest mostly uses one host CPU, so two guests halve the wall time.
+    """
     state = config.stash[_STATE_KEY]
     state["reports"] = {}
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     from integration.vm import lab
 
-    ids = state["kernel_ids"]
+    shards = _shards(state["kernel_items"], config.getoption("--lab-guests"))
     rootdir = Path(str(config.rootpath))
-    with tempfile.TemporaryDirectory(prefix="ipvsproxy-kt-") as tmp:
-        argsfile = Path(tmp) / "ids"
+    tw = config.get_terminal_writer()
+    tw.line()
+    tw.line(f"kernel lab: booting {len(shards)} guest(s) to run "
+            f"{len(state['kernel_ids'])} kernel test(s) ...", bold=True)
+    Result = tuple[Any, str | None, dict[str, Any] | None]  # lab result, error, guest report
+    results: list[Result] = [(None, None, None)] * len(shards)
+
+    def one(i: int, ids: list[str], tmp: Path) -> None:
+        argsfile = tmp / "ids"
         argsfile.write_text("\n".join(ids) + "\n")
-        report = Path(tmp) / "report.json"
+        report = tmp / "report.json"
         # The guest writes only into its own overlay; the report goes to a host folder that the
         # lab shares read-write (the lab's work dir is the guest's output channel, ours is tmp).
         cmd = (
             f"{shlex.quote(sys.executable)} -m pytest -p no:cacheprovider -q -o addopts= "
             f"--lab-report={shlex.quote(str(report))} -m kernel @{shlex.quote(str(argsfile))}"
         )
-        tw = config.get_terminal_writer()
-        tw.line()
-        tw.line(f"kernel lab: booting to run {len(ids)} kernel test(s) ...", bold=True)
         try:
             res = lab.run(cmd, timeout=config.getoption("--lab-timeout"), cwd=rootdir,
-                          extra_rwdirs=[Path(tmp)])
+                          extra_rwdirs=[tmp])
         except lab.LabError as exc:
-            state["error"] = f"kernel lab could not boot or finish: {exc}"
-            tw.line(state["error"], red=True)
+            results[i] = (None, f"kernel lab could not boot or finish: {exc}", None)
             return
-        state["meta"] = {
-            "kernel": res.kernel_release, "boot": res.boot_seconds, "total": res.total_seconds,
-        }
-        tw.line(
-            f"kernel lab: kernel {res.kernel_release} (host {os.uname().release}), "
-            f"boot {res.boot_seconds:.1f}s, guest run {res.total_seconds:.1f}s, "
-            f"pytest exit {res.rc}"
-        )
         if not report.exists():
-            state["error"] = (
-                f"the kernel tests inside the lab wrote no report (exit {res.rc}). "
-                f"Guest output:\n{res.output[-4000:]}"
-            )
+            results[i] = (res, f"the kernel tests inside the lab wrote no report (exit {res.rc}). "
+                               f"Guest output:\n{res.output[-4000:]}", None)
             return
-        data = json.loads(report.read_text())
-        state["guest_output"] = res.output
-        for rep in data["reports"]:
+        results[i] = (res, None, json.loads(report.read_text()))
+
+    with tempfile.TemporaryDirectory(prefix="ipvsproxy-kt-") as tmp:
+        dirs = [Path(tmp) / f"guest{i}" for i in range(len(shards))]
+        threads = []
+        for i, ids in enumerate(shards):
+            dirs[i].mkdir()
+            t = threading.Thread(target=one, args=(i, ids, dirs[i]), daemon=True)
+            t.start()
+            threads.append(t)
+        for t in threads:
+            t.join()
+    state["errors"] = {}
+    state["outputs"] = {}
+    state["meta"] = {"guests": []}
+    for ids, (res, error, data) in zip(shards, results, strict=True):
+        if res is not None:
+            state["meta"]["guests"].append({
+                "kernel": res.kernel_release, "boot": res.boot_seconds,
+                "total": res.total_seconds, "tests": len(ids),
+            })
+            tw.line(f"kernel lab: kernel {res.kernel_release} (host {os.uname().release}), "
+                    f"{len(ids)} test(s), boot {res.boot_seconds:.1f}s, "
+                    f"guest run {res.total_seconds:.1f}s, pytest exit {res.rc}")
+        for nid in ids:
+            if error:
+                state["errors"][nid] = error
+            state["outputs"][nid] = res.output if res is not None else ""
+        if error:
+            tw.line(error, red=True)
+        for rep in (data or {}).get("reports", []):
             state["reports"].setdefault(rep["nodeid"], []).append(rep)
 
 
@@ -140,11 +201,11 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
 
 
 def _replayed(item: pytest.Item, state: dict[str, Any]) -> list[pytest.TestReport]:
-    if state["error"]:
-        return [_failed(item, "call", state["error"])]
+    if item.nodeid in state["errors"]:
+        return [_failed(item, "call", state["errors"][item.nodeid])]
     raw = state["reports"].get(item.nodeid)
     if not raw:
-        tail = state.get("guest_output", "")[-3000:]
+        tail = state["outputs"].get(item.nodeid, "")[-3000:]
         return [_failed(item, "call", f"the lab never reported this kernel test.\n{tail}")]
     out: list[pytest.TestReport] = []
     for data in raw:
@@ -161,12 +222,11 @@ def _replayed(item: pytest.Item, state: dict[str, Any]) -> list[pytest.TestRepor
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
     state = config.stash[_STATE_KEY]
-    meta = state.get("meta") or {}
-    if meta:
+    for i, g in enumerate((state.get("meta") or {}).get("guests", [])):
         terminalreporter.write_line(
-            f"kernel tests ran inside the lab: kernel {meta['kernel']} "
-            f"(host {os.uname().release}), boot {meta['boot']:.1f}s, "
-            f"guest total {meta['total']:.1f}s"
+            f"kernel tests ran inside lab guest {i + 1}: kernel {g['kernel']} "
+            f"(host {os.uname().release}), {g['tests']} test(s), boot {g['boot']:.1f}s, "
+            f"guest total {g['total']:.1f}s"
         )
-    elif state.get("error"):
-        terminalreporter.write_line(state["error"], red=True)
+    for error in sorted(set((state.get("errors") or {}).values())):
+        terminalreporter.write_line(error, red=True)

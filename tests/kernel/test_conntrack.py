@@ -43,7 +43,7 @@ from ipvsproxy.kernel.conntrack import clear_stale_udp
 from tests.kernel.conftest import sh
 from tests.kernel.test_traffic import PODS, PODS_SH, service, slice_, sync
 
-pytestmark = pytest.mark.kernel
+pytestmark = [pytest.mark.kernel, pytest.mark.lab_cost(120)]  # seconds, balances lab guests
 
 VIP, VPORT, TPORT = "10.96.0.53", 53, 5300
 CLIENT = "192.168.1.100"

@@ -15,7 +15,7 @@ from pyroute2 import IPRoute
 from ipvsproxy.kernel.dummy import KUBE_IPVS0, DummyLink, DummyLinkError
 from tests.kernel.conftest import sh
 
-pytestmark = pytest.mark.kernel
+pytestmark = [pytest.mark.kernel, pytest.mark.lab_cost(20)]  # seconds, balances lab guests
 
 
 @pytest.fixture

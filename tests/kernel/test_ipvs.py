@@ -30,7 +30,7 @@ from ipvsproxy.core.ipvs import (
 from ipvsproxy.kernel.ipvs import IpvsClient
 from tests.kernel.conftest import sh
 
-pytestmark = pytest.mark.kernel
+pytestmark = [pytest.mark.kernel, pytest.mark.lab_cost(100)]  # seconds, balances lab guests
 
 SCHEDULERS = ["rr", "wrr", "lc", "wlc", "lblc", "lblcr", "dh", "sh", "sed", "nq", "fo", "ovf",
               "mh"]  # Debian's 6.1 kernel does not build ip_vs_twos

@@ -71,7 +71,7 @@ def test_guest_results_replayed_and_skip_becomes_failure(pytester: pytest.Pytest
     out = res.stdout.str()
     assert "guest says no" in out
     assert "kernel test skipped inside the lab (no ipvs here)" in out
-    assert "kernel tests ran inside the lab: kernel guest-1.0" in out
+    assert "kernel tests ran inside lab guest 1: kernel guest-1.0" in out
 
 
 def test_missing_guest_report_fails_every_kernel_test(
@@ -101,4 +101,49 @@ def test_only_selected_kernel_tests_go_to_the_guest(pytester: pytest.Pytester) -
     _project(pytester, STANDIN)
     res = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-k", "k_pass")
     res.assert_outcomes(passed=1, deselected=3)
-    assert "booting to run 1 kernel test(s)" in res.stdout.str()
+    assert "booting 1 guest(s) to run 1 kernel test(s)" in res.stdout.str()
+
+
+MORE_TESTS = """
+import pytest
+
+pytestmark = [pytest.mark.kernel, pytest.mark.lab_cost(500)]
+
+def test_story_step_1():
+    pass
+
+def test_story_step_2():
+    pass
+"""
+
+
+def test_files_are_shared_out_to_guests_whole(pytester: pytest.Pytester) -> None:
+    _project(pytester, STANDIN)
+    pytester.makepyfile(test_story=MORE_TESTS)
+    res = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--lab-guests", "2")
+    res.assert_outcomes(passed=4, failed=2)
+    out = res.stdout.str()
+    assert "booting 2 guest(s) to run 5 kernel test(s)" in out
+    # the costly file alone in one guest, the other file's three tests in the other
+    assert "kernel tests ran inside lab guest 1: kernel guest-1.0 (host" in out
+    assert ", 2 test(s)," in out and ", 3 test(s)," in out
+
+
+def test_shards_balance_by_cost_and_keep_files_whole() -> None:
+    from integration.vm.pytest_lab import _shards
+
+    class Item:
+        def __init__(self, nodeid: str, cost: float | None) -> None:
+            self.nodeid, self.cost = nodeid, cost
+
+        def get_closest_marker(self, name: str) -> object:
+            return None if self.cost is None else pytest.mark.lab_cost(self.cost).mark
+
+    items = [Item("a.py::t1", 300), Item("a.py::t2", 300), Item("b.py::t1", 200),
+             Item("c.py::t1", 150), Item("d.py::t1", None), Item("d.py::t2", None)]
+    groups = _shards(items, 2)  # type: ignore[arg-type]
+    # costs a 300 (the file's marker), b 200, c 150, d 2 x 10: a | b, c | d to a (300 < 350)
+    assert groups == [["a.py::t1", "a.py::t2", "d.py::t1", "d.py::t2"], ["b.py::t1", "c.py::t1"]]
+    assert _shards(items, 9) == [[i.nodeid for i in items if i.nodeid.startswith(f)]  # type: ignore[arg-type]
+                                 for f in "abcd"]
+    assert _shards(items, 1) == [[i.nodeid for i in items]]  # type: ignore[arg-type]
