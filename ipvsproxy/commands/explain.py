@@ -25,6 +25,7 @@ compared, the coming round-robin order, or the persistence template that wins).
   ipvsproxy explain -t 10.96.0.10:80 --client 10.244.1.7
   ipvsproxy explain -u 10.96.0.53:53 --client 10.244.1.7:40000 -o json
   ipvsproxy explain -f 7 --client 192.168.1.100
+  ipvsproxy explain --service default/web:http --client 10.244.1.7
 
 With sh-port or mh-port the client's source port is part of the hash: give IP:PORT.
 """
@@ -43,6 +44,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     svc.add_argument("-f", "--fwmark-service", metavar="FWMARK",
                      help="a firewall-mark virtual service")
     svc.add_argument("-6", "--ipv6", action="store_true", help="the fwmark service is IPv6")
+    svc.add_argument("--service", metavar="NAMESPACE/NAME[:PORT]",
+                     help="a Kubernetes service port (its name or number), as the last sync "
+                          "published it: its ClusterIP virtual server of the client's family")
     parser.add_argument("--client", required=True, metavar="IP[:PORT]",
                         help="the client's address (and source port: [IPv6]:PORT for IPv6)")
     parser.add_argument("-o", "--output", choices=["text", "json"], default="text",
@@ -57,7 +61,7 @@ def _service_key(args: argparse.Namespace) -> Any:
         ("t", args.tcp_service), ("u", args.udp_service), ("sctp", args.sctp_service),
         ("f", args.fwmark_service)) if value is not None]
     if len(given) != 1:
-        raise CliError("give exactly one of -t, -u, --sctp-service or -f")
+        raise CliError("give exactly one of -t, -u, --sctp-service, -f or --service")
     name, value = given[0]
     if args.ipv6 and name != "f":
         raise CliError("-6 goes with -f")
@@ -82,15 +86,41 @@ def _read(path: str) -> str | None:
         return None
 
 
+def _named_service(service: str, af: int, published: dict[Any, str]) -> Any:
+    """The virtual server of a Kubernetes service port: the first one published (the sync
+    writes a port's ClusterIP first) of the client's family."""
+    from ipvsproxy import names
+
+    if "/" not in service.partition(":")[0]:
+        raise CliError(f"--service {service}: give namespace/name or namespace/name:port")
+    keys = names.lookup(published, service, af)
+    if not keys:
+        where = names.path()
+        raise CliError(f"no virtual server of {service} (IPv{6 if af == 10 else 4}) is published "
+                       f"in {where}: is the name right, and has ipvsproxy synced on this node?")
+    ports = sorted({published[k] for k in keys})
+    if len(ports) > 1:
+        raise CliError(f"{service} has several ports, name one: {', '.join(ports)}")
+    return keys[0]
+
+
 def run(args: argparse.Namespace) -> int:
+    from ipvsproxy import names
     from ipvsproxy.core.explain import explain, parse_client
     from ipvsproxy.kernel.ipvs import IpvsClient, IpvsUnavailable
 
-    key = _service_key(args)
     try:
         client = parse_client(args.client)
     except ValueError as exc:
         raise CliError(str(exc)) from None
+    published = names.read()
+    if args.service is not None:
+        if any(v is not None for v in (args.tcp_service, args.udp_service, args.sctp_service,
+                                       args.fwmark_service)) or args.ipv6:
+            raise CliError("give exactly one of -t, -u, --sctp-service, -f or --service")
+        key = _named_service(args.service, 10 if client.addr.version == 6 else 2, published)
+    else:
+        key = _service_key(args)
     if client.addr.version != (6 if key.af == 10 else 4):
         raise CliError(f"client {client.addr} and service {key} are of different families")
     try:
@@ -102,9 +132,16 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(f"no such service: {key}")
     quiescent = (_read(EXPIRE_QUIESCENT) or "0").strip() not in ("", "0")
     answer = explain(observed, client, _read(CONN_PROC_FILE), quiescent)
+    owner = published.get(key)  # the Kubernetes service port, when a sync published it
     if args.output == "json":
-        sys.stdout.write(json.dumps(answer.to_json()) + "\n")
+        data = answer.to_json()
+        data["kubernetes_service"] = owner
+        sys.stdout.write(json.dumps(data) + "\n")
     else:
-        sys.stdout.write(answer.to_text())
+        text = answer.to_text()
+        if owner:
+            first, nl, rest = text.partition("\n")
+            text = f"{first}  ({owner}){nl}{rest}"
+        sys.stdout.write(text)
     sys.stdout.flush()
     return 0

@@ -344,8 +344,12 @@ def _run(args: argparse.Namespace) -> int:
         req = parse_request(args.ipvsadm_opts)
         if args.services and (req.cmd == CMD_SAVE or req.options & {1, 12}):
             raise IpvsadmExit(2, "--services goes with service listings, not -S, -c or --timeout")
-        # Kubernetes names come later (the API watcher); for now the mapping is empty.
-        out = render(req, {} if args.services else None)
+        if args.services:  # only then: the plain listing stays as lean as ipvsadm
+            from ipvsproxy import names
+
+            out = render(req, names.read())
+        else:
+            out = render(req)
     except IpvsadmExit as exc:
         sys.stdout.flush()
         sys.stderr.write(exc.message + "\n")

@@ -158,6 +158,9 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, on_signal)
     servers = _start_servers(cfg, metrics, health)
     rec = Reconciler(cfg, store, metrics, health)
+    from ipvsproxy import names
+
+    rec.names = names.Publisher()
     if cfg.service_metrics:
         metrics.set_service_stats_source(lambda: _service_stats(rec))
     try:

@@ -82,6 +82,13 @@ def run(args: argparse.Namespace) -> int:
         return 0
     for f in out.failures:
         print(f"error: {f}", file=sys.stderr)
+    from ipvsproxy import names
+
+    try:
+        foreign = set(out.plan.foreign)  # someone else's virtual server: not ours to name
+        names.write({k: v for k, v in out.desired.owners.items() if k not in foreign})
+    except OSError as exc:  # names are for `ls --services`; the dataplane does not need them
+        print(f"warning: cannot publish service names to {names.path()}: {exc}", file=sys.stderr)
     log.info("sync", operations=len(out.plan.lines()), failed=len(out.failures),
              virtual_servers=len(out.desired.services), problems=len(out.problems),
              seconds=round(out.seconds, 3))

@@ -158,6 +158,8 @@ class Plan:
     problems: tuple[Problem, ...] = ()
     # real servers left in the kernel at weight 0 while their TCP connections end
     draining: tuple[tuple[ServiceKey, DestKey], ...] = ()
+    # desired virtual servers someone else already holds in the kernel: left alone
+    foreign: tuple[ServiceKey, ...] = ()
 
     def lines(self) -> list[str]:
         return [line for s in self.steps for line in s.lines()]
@@ -262,12 +264,14 @@ def diff(des: Desired, obs: Observed, exclude: Sequence[IPNetwork] = (),
     want_sets = {n: set(m) for n, m in des.sets.items()}
     ipvs_add: list[Step] = []
     ipvs_del: list[Step] = []
+    foreign: list[ServiceKey] = []
     for key, vs in des.services.items():
         cur = obs.services.get(key)
         if cur is not None and key not in owned:
             problems.append(Problem("Service", "", des.owners.get(key, str(key)),
                                     f"virtual server {key} exists and was not created by "
                                     "ipvsproxy; left alone"))
+            foreign.append(key)
             fam_set = T.family_name(T.OWNED, key.addr.version if key.addr else 4)
             want_sets[fam_set].discard(owned_entry(key) or "")
             continue
@@ -335,7 +339,7 @@ def diff(des: Desired, obs: Observed, exclude: Sequence[IPNetwork] = (),
         if t != cur_t:
             late.append(SetTimeouts(t))
     steps = [*early, *adds, *unbind, *ipvs_add, *ipvs_del, *bind, *dels, *late]
-    return Plan(tuple(steps), tuple(problems), tuple(draining))
+    return Plan(tuple(steps), tuple(problems), tuple(draining), tuple(foreign))
 
 
 def _akey(a: IPAddress) -> tuple[int, int]:

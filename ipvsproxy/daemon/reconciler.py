@@ -113,6 +113,8 @@ class Reconciler:
         self.last: SyncResult | None = None
         self._totals = (0, 0)  # the store's change totals already counted in the metrics
         self.after_sync: Callable[[], None] | None = None  # e.g. health-check node ports
+        self.names: Any = None  # a names.Publisher: who owns each virtual server, for ls/explain
+        self.foreign: set[ServiceKey] = set()  # desired, but someone else's in the kernel
 
     # --------------------------------------------------------------------------- the loop
 
@@ -182,6 +184,7 @@ class Reconciler:
         plan = diff(des, obs, self.cfg.exclude_cidrs, self._expired())
         failures = self.kernel.apply(plan)
         self._track_draining(plan, None)
+        self.foreign = set(plan.foreign)
         self.applied = Applied.from_full(des)
         self._report(des.problems + plan.problems)
         result = SyncResult("full", step_counts(plan.steps), failures)
@@ -201,6 +204,7 @@ class Reconciler:
         plan = self.applied.plan(part, dirty, kernel, self.cfg, self._expired())
         failures = self.kernel.apply(plan)
         self._track_draining(plan, scope)
+        self.foreign = {k for k in self.foreign if k not in scope} | set(plan.foreign)
         self.applied.commit(part, dirty, self.cfg, scope)
         self._report(part.problems + plan.problems, partial=True)
         self._clear_udp(plan, part.dests)
@@ -273,6 +277,12 @@ class Reconciler:
                 self.after_sync()
             except Exception as exc:
                 log.warning("after-sync hook failed", error=str(exc))
+        if self.names is not None and applied is not None:
+            try:
+                self.names.publish({k: v for k, v in applied.owners.items()
+                                    if k not in self.foreign})
+            except OSError as exc:  # names are for people; the dataplane does not need them
+                log.warning("cannot publish service names", error=str(exc))
         m = self.metrics
         if m is None:
             return

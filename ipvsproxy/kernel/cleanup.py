@@ -113,5 +113,9 @@ def plan_cleanup() -> tuple[list[Action], list[str]]:
                     s.destroy(n)
             return None
         actions.append(Action(tuple(f"ipset destroy {n}" for n in doomed), destroy))
+    from ipvsproxy import names as published  # the service names the syncs wrote
+
+    if published.path().exists():
+        actions.append(Action((f"rm {published.path()}",), published.remove))
     return actions, notes
 

@@ -200,6 +200,31 @@ def test_a_new_service_appears(cluster: tuple[ApiServer, Path, Path], daemon: Da
     wait_for("web2 reachable", lambda: who("http://10.96.0.20", ns="pod1")[0] == "pod2")
 
 
+def ipvsproxy(*args: str) -> str:
+    return sh(" ".join([sys.executable, "-m", "ipvsproxy", *args]))
+
+
+def test_ls_and_explain_know_the_service_names(daemon: Daemon) -> None:
+    # the daemon publishes who owns each virtual server; ls appends it, explain accepts it
+    wait_for("web2's name published", lambda: "default/web2:http" in ipvsproxy("ls", "-n",
+                                                                             "--services"))
+    listing = ipvsproxy("ls", "-n", "--services")
+    assert re.search(r"^TCP  10\.96\.0\.10:80 rr +default/web:http$", listing, re.M), listing
+    assert re.search(r"^TCP  10\.96\.0\.14:9000 rr +default/echo:echo$", listing, re.M), listing
+    # without --services the listing is ipvsadm's, byte for byte
+    assert ipvsproxy("ls", "-n") == sh("ipvsadm -Ln")
+    for svc in ("default/web:http", "default/web", "default/web:80"):
+        got = json.loads(ipvsproxy("explain", "--service", svc, "--client", "10.244.1.12",
+                                   "-o", "json"))
+        assert got["service"] == "TCP 10.96.0.10:80" and got["real_server"] == "10.244.1.11:8080"
+        assert got["kubernetes_service"] == "default/web:http"
+    text = ipvsproxy("explain", "-t", "10.96.0.20:80", "--client", "10.244.1.12")
+    assert text.startswith("service      TCP 10.96.0.20:80  (default/web2:http)\n"), text
+    p = subprocess.run([sys.executable, "-m", "ipvsproxy", "explain", "--service",
+                        "default/nope", "--client", "10.244.1.12"], capture_output=True, text=True)
+    assert p.returncode != 0 and "no virtual server of default/nope" in p.stderr
+
+
 def test_scaling_changes_real_servers_incrementally(cluster: tuple[ApiServer, Path, Path],
                                                     daemon: Daemon) -> None:
     api = cluster[0]

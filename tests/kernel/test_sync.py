@@ -4,6 +4,7 @@ ownership (a foreign virtual server is never touched) and `ipvsproxy cleanup`.""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -137,7 +138,11 @@ def test_foreign_objects_survive_sync_and_cleanup(node: None, manifest: Path) ->
     save = sh("ipvsadm -Sn")
     assert "-A -t 10.0.0.1:80 -s wlc" in save and "-A -t 10.96.10.10:80 -s sh" in save
     assert "-a -t 10.96.10.10:80" not in save  # not ours: no real servers were added
+    listing = ipvsproxy("ls", "-n", "--services").stdout
+    assert re.search(r"^TCP  10\.96\.10\.10:80 sh$", listing, re.M), listing  # not named
+    assert re.search(r"^TCP  10\.96\.20\.20:8080 rr +[\w-]+/[\w-]+", listing, re.M), listing
     ipvsproxy("cleanup")
+    assert ipvsproxy("ls", "-n", "--services").stdout == sh("ipvsadm -Ln")  # names removed
     assert sorted(sh("ipvsadm -Sn").splitlines()) == sorted([
         "-A -t 10.0.0.1:80 -s wlc", "-a -t 10.0.0.1:80 -r 10.1.1.1:80 -m -w 1",
         "-A -t 10.96.10.10:80 -s sh"])

@@ -242,6 +242,7 @@ def fake_kernel(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> Iterator[None
     conn.write_text(CONN_TABLE)
     monkeypatch.setattr(cmd, "CONN_PROC_FILE", str(conn))
     monkeypatch.setattr(cmd, "EXPIRE_QUIESCENT", str(tmp_path / "missing"))
+    monkeypatch.setenv("IPVSPROXY_STATE_DIR", str(tmp_path))  # no names published
     yield
 
 
@@ -270,6 +271,9 @@ def test_command_text(fake_kernel: None, capsys: pytest.CaptureFixture[str]) -> 
     (["-t", "10.96.77.1:7410", "--client", "x"], "invalid client"),
     (["-t", "nohost.invalid:x", "--client", "10.0.0.1"], "illegal virtual server"),
     (["-f", "0", "--client", "10.0.0.1"], "invalid fwmark"),
+    (["--service", "default/web", "--client", "10.0.0.1"], "no virtual server of default/web"),
+    (["--service", "web", "--client", "10.0.0.1"], "give namespace/name"),
+    (["--service", "a/b", "-t", "10.96.77.1:7410", "--client", "10.0.0.1"], "exactly one"),
 ])
 def test_command_errors(fake_kernel: None, capsys: pytest.CaptureFixture[str],
                         argv: list[str], err: str) -> None:
@@ -282,3 +286,28 @@ def test_command_fwmark_ipv6(fake_kernel: None, capsys: pytest.CaptureFixture[st
     FakeIpvs.services[key] = service("sh", 0, (od("fd00::b", port=8080),), key=key)
     assert main(["explain", "-f", "7", "-6", "--client", "[2001:db8::1]:5", "-o", "json"]) == 0
     assert json.loads(capsys.readouterr().out)["real_server"] == "[fd00::b]:8080"
+
+
+def test_command_by_kubernetes_name(fake_kernel: None, capsys: pytest.CaptureFixture[str],
+                                    tmp_path: Any) -> None:
+    from ipvsproxy import names
+
+    nodeport = ServiceKey.inet(Protocol.TCP, IPv4Address("192.168.1.10"), 30410)
+    FakeIpvs.services[nodeport] = service("rr", 0, PODS, key=nodeport)
+    other = ServiceKey.inet(Protocol.TCP, IPv4Address("10.96.77.1"), 9100)
+    names.write({KEY: "default/web:http", nodeport: "default/web:http",
+                 other: "default/web:metrics"}, tmp_path / "services")
+    # the port's first published virtual server (its ClusterIP), named in the answer
+    assert main(["explain", "--service", "default/web:http", "--client", "10.0.0.1",
+                 "-o", "json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["service"] == "TCP 10.96.77.1:7410" and out["scheduler"] == "sh"
+    assert out["kubernetes_service"] == "default/web:http"
+    assert main(["explain", "-t", "10.96.77.1:7410", "--client", "10.0.0.1"]) == 0
+    assert capsys.readouterr().out.startswith(
+        "service      TCP 10.96.77.1:7410  (default/web:http)\nclient ")
+    assert main(["explain", "--service", "default/web", "--client", "10.0.0.1"]) == 2
+    assert ("default/web has several ports, name one: default/web:http, default/web:metrics"
+            in capsys.readouterr().err)
+    assert main(["explain", "--service", "default/web:http", "--client", "fd00::1"]) == 2
+    assert "no virtual server of default/web:http (IPv6)" in capsys.readouterr().err

@@ -165,3 +165,20 @@ def test_removed_udp_endpoints_have_their_flows_cleared_tcp_ones_do_not() -> Non
     [(key, dests)] = cleared.items()
     assert (str(key.addr), key.port, key.protocol.name) == ("10.96.0.53", 53, "UDP")
     assert [str(d.key) for d in dests] == ["10.244.1.1:53"]
+
+
+def test_names_are_published_after_syncs_and_follow_changes(tmp_path: Any) -> None:
+    from ipvsproxy import names
+
+    s, k = cluster(3), Recorder()
+    r = Reconciler(CFG, s, kernel=k)
+    r.names = names.Publisher(tmp_path / "services")
+    r.sync_once(s.take(), full=True)
+    got = names.read(tmp_path / "services")
+    assert {str(key): owner for key, owner in got.items()} == {
+        f"TCP 10.96.0.{i}:80": f"default/s{i}" for i in (1, 2, 3)}  # an unnamed port
+    s.event("Service", "DELETED", service("s2", "10.96.0.2"))
+    assert r.sync_once(s.take(), full=False) and r.last is not None
+    assert r.last.mode == "incremental"
+    assert sorted(map(str, names.read(tmp_path / "services"))) == [
+        "TCP 10.96.0.1:80", "TCP 10.96.0.3:80"]
