@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 PYTHON ?= python3
 CMD ?= uname -r; modprobe ip_vs && ipvsadm -Ln
 
-.PHONY: setup host-packages venv kernel lint types unit test demo lab bench clean
+.PHONY: setup host-packages venv kernel lint types unit test demo lab bench clean kind-e2e
 
 setup: host-packages venv kernel
 
@@ -51,6 +51,11 @@ bench: setup
 # Run any command inside the lab guest: make lab CMD='ipvsadm -Ln'
 lab: setup
 	$(PY) -m integration.vm.lab -- '$(CMD)'
+
+# ipvsproxy as the only service proxy of a kind cluster, end to end (needs docker, kind, kubectl;
+# not part of `make test`): integration/kind/e2e.sh.
+kind-e2e:
+	bash integration/kind/e2e.sh
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build *.egg-info

@@ -17,6 +17,8 @@ declare -A NEED=(
   [conntrack]=conntrack
   [socat]=socat
   [curl]=curl
+  # tests/unit/test_deploy.py renders deploy/ with `kubectl kustomize`
+  [kubectl]=kubernetes-client
 )
 missing=()
 for tool in "${!NEED[@]}"; do
