@@ -162,14 +162,22 @@ NODE_LIKE_ETC = ("protocols", "services", "hosts", "host.conf", "nsswitch.conf",
 # remounted in the guest with cache=loose and bound over its own path: the same files, cached as
 # a node's page cache would hold them (`import kubernetes` 10-12 s, `python -c 'import json'`
 # 1.3 s, `ipvsproxy run --help` 6.2 -> 2.2 s). Safe because nothing changes them during a run.
-def cached_trees() -> list[Path]:
+# Each share costs kernel command-line variables (at most 32: more and the kernel panics with
+# "Too many boot env vars"), so /usr is one share with three folders bound from it.
+def cached_trees() -> list[tuple[Path, tuple[str, ...]]]:
+    """(host tree, its folders to bind over their own paths; "" = the tree itself)."""
     base = Path(sys.base_prefix)
     if base in (Path("/usr"), Path("/")):  # a system Python: only its stdlib, not all of /usr
         base = base / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}"
-    trees = [base, Path(sys.prefix) / "lib", Path("/usr/bin"),
-             Path("/usr/sbin"), Path("/usr/lib/x86_64-linux-gnu")]
-    return [t for i, t in enumerate(trees)
-            if t.is_dir() and not t.is_symlink() and t != Path("/") and t not in trees[:i]]
+    out: list[tuple[Path, tuple[str, ...]]] = []
+    wanted: list[tuple[Path, tuple[str, ...]]] = [
+        (base, ("",)), (Path(sys.prefix) / "lib", ("",)),
+        (Path("/usr"), ("bin", "sbin", "lib/x86_64-linux-gnu"))]
+    for tree, parts in wanted:
+        there = tuple(p for p in parts if (tree / p).is_dir() and not (tree / p).is_symlink())
+        if there and tree not in [t for t, _ in out]:
+            out.append((tree, there))
+    return out
 
 
 # Byte code: the guest writes __pycache__ into its throwaway overlay of the checkout, so a
@@ -177,12 +185,13 @@ def cached_trees() -> list[Path]:
 GUEST_SCRIPT = """#!/bin/bash
 cat /proc/uptime > {w}/started
 uname -r > {w}/uname
-for pair in {cached}; do
-    m=/run/ipvsproxy-ro/${{pair%%=*}} p=${{pair#*=}}
+for m in {cached_mounts}; do
     tag=$(awk -v m="$m" '$2 == m {{print $1}}' /proc/mounts)
     o=ro,trans=virtio,version=9p2000.L,access=any,msize=512000,cache=loose
-    if umount "$m" && mount -t 9p -o $o "$tag" "$m" && mount --bind "$m" "$p"; then :
-    else echo "lab: $p stays uncached" >> {w}/notes; fi
+    umount "$m" && mount -t 9p -o $o "$tag" "$m" || echo "lab: $m stays uncached" >> {w}/notes
+done
+for pair in {cached_binds}; do
+    mount --bind "${{pair%%=*}}" "${{pair#*=}}" || echo "lab: $pair not bound" >> {w}/notes
 done
 etc=$(mktemp -d /run/ipvsproxy-etc.XXXXXX) && for f in {etc_files}; do
     [ -f /etc/$f ] && cp /etc/$f $etc/$f && mount --bind $etc/$f /etc/$f
@@ -217,14 +226,18 @@ def run(
             GUEST_SCRIPT.format(
                 w=w, cwd=cwd, command=command, host_release=os.uname().release,
                 venv_bin=Path(sys.executable).parent, etc_files=" ".join(NODE_LIKE_ETC),
-                cached=" ".join(shlex.quote(f"{i}={t}") for i, t in enumerate(trees)),
+                cached_mounts=" ".join(f"/run/ipvsproxy-ro-{i}" for i in range(len(trees))),
+                cached_binds=" ".join(
+                    shlex.quote(f"/run/ipvsproxy-ro-{i}/{p}".rstrip("/") + f"={t / p}")
+                    for i, (t, parts) in enumerate(trees) for p in parts),
             )
         )
         argv = [
             *vng, "--run", str(kernel.vmlinuz), "--disable-kvm", "--force-9p",
             "--memory", memory, "--cpus", str(cpus),
             "--rwdir", str(w), "--overlay-rwdir", str(cwd), "--cwd", str(cwd),
-            *[a for i, t in enumerate(trees) for a in ("--rodir", f"/run/ipvsproxy-ro/{i}={t}")],
+            *[a for i, (t, _) in enumerate(trees)
+              for a in ("--rodir", f"/run/ipvsproxy-ro-{i}={t}")],
             *[a for d in (extra_rwdirs or []) for a in ("--rwdir", str(d))],
             "--exec", f"bash {w}/cmd.sh",
         ]

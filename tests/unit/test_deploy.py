@@ -434,7 +434,9 @@ def test_the_daemonset_routes_are_the_daemons() -> None:
 def test_the_readmes_sed_commands_each_change_one_line() -> None:
     """The READMEs put the registry and the images in with sed: each pattern matches once."""
     readme = (DEPLOY / "README.md").read_text(encoding="utf-8")
-    section = (DEPLOY / "README-section.md").read_text(encoding="utf-8")
+    top = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = top[top.index("## Run it on a cluster"):]
+    section = section[:section.index("\n## ", 1)]
     for file, pattern in (("migrate/kube-proxy-cleanup.yaml",
                            r"image: registry.k8s.io/kube-proxy:.*"),
                           ("migrate/ipvsproxy-cleanup.yaml", r"image: ipvsproxy:.*"),
