@@ -233,7 +233,9 @@ def parse_service(obj: Mapping[str, Any]) -> tuple[Service | None, list[Problem]
         port = _port(p.get("port"))
         np_raw = p.get("nodePort", 0)
         node_port = 0 if np_raw in (0, None) else _port(np_raw)
-        if pname is None or proto_raw not in Proto.__members__ or port is None \
+        # isinstance first: a list or an object as protocol is not even hashable
+        if pname is None or not isinstance(proto_raw, str) \
+                or proto_raw not in Proto.__members__ or port is None \
                 or node_port is None:
             problems.append(bad(f"spec.ports[{i}] is invalid (name {p.get('name')!r}, protocol "
                                 f"{proto_raw!r}, port {p.get('port')!r}, nodePort {np_raw!r}); "
@@ -329,7 +331,8 @@ def parse_endpoint_slice(obj: Mapping[str, Any]) -> tuple[EndpointSlice | None, 
         pname = p.get("name") or ""
         proto = p.get("protocol", "TCP")
         port = _port(p.get("port"))
-        if not isinstance(pname, str) or proto not in Proto.__members__ or port is None:
+        if not isinstance(pname, str) or not isinstance(proto, str) \
+                or proto not in Proto.__members__ or port is None:
             if p.get("port") is not None:  # kube-proxy ignores nil ports silently
                 problems.append(bad(f"ports[{i}] is invalid (port {p.get('port')!r}, protocol "
                                     f"{proto!r}); ignored"))

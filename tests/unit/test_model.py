@@ -126,3 +126,17 @@ def test_garbage_never_raises(obj: Any) -> None:
         if isinstance(obj, dict):
             parse(obj)
             parse({"metadata": {"name": "x", "namespace": "y"}, "spec": obj, **obj})
+
+
+def test_unhashable_protocols_are_reported_not_raised() -> None:
+    # found by tests/unit/test_hostile_input.py: `{} in Proto.__members__` raised TypeError
+    svc, problems = parse_service({"metadata": {"namespace": "evil", "name": "p"},
+                                   "spec": {"clusterIP": "10.96.0.1", "ports": [
+                                       {"port": 80, "protocol": {}}, {"port": 81}]}})
+    assert svc is not None and [p.port for p in svc.ports] == [81]
+    assert any("spec.ports[0] is invalid" in p.reason for p in problems)
+    _, problems = parse_endpoint_slice({
+        "addressType": "IPv4", "metadata": {"namespace": "evil", "name": "s",
+                                            "labels": {"kubernetes.io/service-name": "p"}},
+        "ports": [{"port": 80, "protocol": ["TCP"]}], "endpoints": []})
+    assert problems
