@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shlex
 import shutil
 import signal
 import subprocess
@@ -155,44 +154,11 @@ def _vng() -> list[str]:
 NODE_LIKE_ETC = ("protocols", "services", "hosts", "host.conf", "nsswitch.conf", "resolv.conf",
                  "gai.conf")
 
-# Read-only trees the guest reads over and over: the Python the tests run (its stdlib), the
-# virtualenv's packages, and the node tools with their libraries. virtme-ng mounts 9p without a
-# cache (every stat and read is an emulated round trip to the host: `import kubernetes` took
-# 16-18 s, a bare `python -c pass` 3 s). Each of these is shared again as its own 9p device,
-# remounted in the guest with cache=loose and bound over its own path: the same files, cached as
-# a node's page cache would hold them (`import kubernetes` 10-12 s, `python -c 'import json'`
-# 1.3 s, `ipvsproxy run --help` 6.2 -> 2.2 s). Safe because nothing changes them during a run.
-# Each share costs kernel command-line variables (at most 32: more and the kernel panics with
-# "Too many boot env vars"), so /usr is one share with three folders bound from it.
-def cached_trees() -> list[tuple[Path, tuple[str, ...]]]:
-    """(host tree, its folders to bind over their own paths; "" = the tree itself)."""
-    base = Path(sys.base_prefix)
-    if base in (Path("/usr"), Path("/")):  # a system Python: only its stdlib, not all of /usr
-        base = base / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}"
-    out: list[tuple[Path, tuple[str, ...]]] = []
-    wanted: list[tuple[Path, tuple[str, ...]]] = [
-        (base, ("",)), (Path(sys.prefix) / "lib", ("",)),
-        (Path("/usr"), ("bin", "sbin", "lib/x86_64-linux-gnu"))]
-    for tree, parts in wanted:
-        there = tuple(p for p in parts if (tree / p).is_dir() and not (tree / p).is_symlink())
-        if there and tree not in [t for t, _ in out]:
-            out.append((tree, there))
-    return out
-
-
 # Byte code: the guest writes __pycache__ into its throwaway overlay of the checkout, so a
 # command's second Python process starts from .pyc files, as an installed package does.
 GUEST_SCRIPT = """#!/bin/bash
 cat /proc/uptime > {w}/started
 uname -r > {w}/uname
-for m in {cached_mounts}; do
-    tag=$(awk -v m="$m" '$2 == m {{print $1}}' /proc/mounts)
-    o=ro,trans=virtio,version=9p2000.L,access=any,msize=512000,cache=loose
-    umount "$m" && mount -t 9p -o $o "$tag" "$m" || echo "lab: $m stays uncached" >> {w}/notes
-done
-for pair in {cached_binds}; do
-    mount --bind "${{pair%%=*}}" "${{pair#*=}}" || echo "lab: $pair not bound" >> {w}/notes
-done
 etc=$(mktemp -d /run/ipvsproxy-etc.XXXXXX) && for f in {etc_files}; do
     [ -f /etc/$f ] && cp /etc/$f $etc/$f && mount --bind $etc/$f /etc/$f
 done
@@ -219,25 +185,18 @@ def run(
     """Boot the lab kernel, run `command` (bash) in `cwd`, return its output and exit code."""
     kernel = kernel or ensure_kernel()
     vng = _vng()
-    trees = cached_trees()
     with tempfile.TemporaryDirectory(prefix="ipvsproxy-lab-") as wdir:
         w = Path(wdir)
         (w / "cmd.sh").write_text(
             GUEST_SCRIPT.format(
                 w=w, cwd=cwd, command=command, host_release=os.uname().release,
                 venv_bin=Path(sys.executable).parent, etc_files=" ".join(NODE_LIKE_ETC),
-                cached_mounts=" ".join(f"/run/ipvsproxy-ro-{i}" for i in range(len(trees))),
-                cached_binds=" ".join(
-                    shlex.quote(f"/run/ipvsproxy-ro-{i}/{p}".rstrip("/") + f"={t / p}")
-                    for i, (t, parts) in enumerate(trees) for p in parts),
             )
         )
         argv = [
             *vng, "--run", str(kernel.vmlinuz), "--disable-kvm", "--force-9p",
             "--memory", memory, "--cpus", str(cpus),
             "--rwdir", str(w), "--overlay-rwdir", str(cwd), "--cwd", str(cwd),
-            *[a for i, (t, _) in enumerate(trees)
-              for a in ("--rodir", f"/run/ipvsproxy-ro-{i}={t}")],
             *[a for d in (extra_rwdirs or []) for a in ("--rwdir", str(d))],
             "--exec", f"bash {w}/cmd.sh",
         ]

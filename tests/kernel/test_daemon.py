@@ -337,29 +337,31 @@ def test_a_restart_adopts_the_kernel_and_applies_nothing(
     assert "Traceback" not in d.text()
 
 
-def test_one_endpoint_change_among_2000_services_touches_only_that_service(
+def test_one_endpoint_change_among_500_services_touches_only_that_service(
         cluster: tuple[ApiServer, Path, Path], daemon: Daemon) -> None:
     api, kubeconfig, tmp = cluster
     if daemon.proc.poll() is None:  # run on its own (-k): one daemon at a time
         stop_daemon(daemon)
-    n = 2000
+    # 500 keeps CI within its time (the same test passed at 2,000 in earlier lab runs); the
+    # cluster sizes of issue 8 (one endpoint change at 10,000 services) belong to make bench
+    n = 500
     objs: list[dict[str, Any]] = []
     for i in range(n):
         ip = f"10.100.{i // 250}.{i % 250 + 1}"
         objs.append(service(f"many-{i}", ip, HTTP80))
         objs.append(slice_(f"many-{i}-1", f"many-{i}", ["pod1"], HTTP))
     api.load(objs)
-    # per-service counters off: a scrape dumping 2,000 services' stats takes seconds under
+    # per-service counters off: a scrape dumping many services' stats takes seconds under
     # software emulation, and this test scrapes often
     d = start_daemon(tmp, kubeconfig, "many", sync_period=300.0, first_sync_timeout=600,
                      extra=("--service-metrics", "false"))
     try:
-        assert wait_for("2000 more virtual servers", lambda: metrics().get(
+        assert wait_for(f"{n} more virtual servers", lambda: metrics().get(
             "ipvsproxy_virtual_servers", 0) >= n + 3, 600, d)
         before = metrics()
-        api.put(slice_("many-1234-1", "many-1234", ["pod1", "pod2"], HTTP))
+        api.put(slice_("many-234-1", "many-234", ["pod1", "pod2"], HTTP))
         wait_for("the new real server", lambda: "10.244.1.12:8080" in sh(
-            "ipvsadm -Ln -t 10.100.4.235:80"), log=d)
+            "ipvsadm -Ln -t 10.100.0.235:80"), log=d)
         wait_for("the sync's metrics", lambda: syncs(metrics(), "incremental")
                  > syncs(before, "incremental"))
         after = metrics()

@@ -9,11 +9,8 @@ from __future__ import annotations
 
 import re
 import socket
-import subprocess
-import time
 from collections.abc import Iterator
 from ipaddress import IPv4Address, IPv6Address, ip_network
-from pathlib import Path
 
 import pytest
 
@@ -27,8 +24,6 @@ from ipvsproxy.core.ipset_text import (
     ip_port_ip_entry,
     ip_port_net_entry,
     port_entry,
-    render_adds,
-    render_create,
     temp_name,
 )
 from ipvsproxy.kernel.ipset import (
@@ -176,70 +171,29 @@ def bulk_entries(n: int, base: str = "10.0.0.0") -> list[str]:
             for i in range(n)]
 
 
-def test_bulk_load_50000(k: Kernel, tmp_path: Path) -> None:
+def test_bulk_load_50000(k: Kernel) -> None:
+    """50,000 entries by both bulk paths (scratch set + swap, and create + add), read back by the
+    module and by `ipset save`. How fast they are next to `ipset restore` is a benchmark figure
+    (make bench), not a test: timing it here cost minutes of every CI run."""
     n = 50_000
     entries = bulk_entries(n)
     spec = SetSpec(f"{PREFIX}BULK", SetType.HASH_IP_PORT, hashsize=16384, maxelem=131072)
     fresh = spec.renamed(f"{PREFIX}BULK2")
-
-    # Baseline: the plain tool, given a ready-made script (rendering it is not counted).
-    plain = spec.renamed(f"{PREFIX}PLAIN")
-    script = tmp_path / "plain.restore"
-    script.write_text("\n".join([render_create(plain), *render_adds(plain.name, entries)]) + "\n")
-
-    def run_plain() -> None:
-        with script.open() as f:
-            subprocess.run(["ipset", "restore"], stdin=f, check=True)
-
-    def run_add() -> None:
-        k.sets.create(fresh)
-        k.sets.add(fresh.name, entries)
-
-    # Each contender runs twice, interleaved, after a warm-up, and keeps its best time: the
-    # lab is emulated on a shared machine and single timings vary by 2x.
-    k.sets.replace(spec.renamed(f"{PREFIX}WARM"), entries[:1000])
-    best = {"plain": float("inf"), "replace": float("inf"), "add": float("inf")}
-    for _ in range(2):
-        for label, fn in (("plain", run_plain),
-                          ("replace", lambda: k.sets.replace(spec, entries)),  # scratch+swap
-                          ("add", run_add)):
-            t0 = time.perf_counter()
-            fn()
-            best[label] = min(best[label], time.perf_counter() - t0)
-        k.sets.destroy(plain.name)
-        k.sets.destroy(fresh.name)
-    run_plain()
-    run_add()
-
-    t0 = time.perf_counter()
-    render_adds(spec.name, entries)
-    t_render = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    got = k.sets.members(spec.name)
-    t_read = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    sh(f"ipset save {spec.name} > /dev/null")
-    t_save = time.perf_counter() - t0
-
+    k.sets.replace(spec, entries)
+    k.sets.create(fresh)
+    k.sets.add(fresh.name, entries)
     want = set(entries)
     assert len(want) == n
-    assert got == want
+    assert k.sets.members(spec.name) == want
     assert saved_members(spec.name) == want
     assert saved_members(fresh.name) == want
-    assert k.sets.header(spec.name).entries == k.sets.header(plain.name).entries == n
+    assert k.sets.header(spec.name).entries == k.sets.header(fresh.name).entries == n
     assert not k.sets.exists(temp_name(spec.name))
-    t_plain, t_replace, t_add = best["plain"], best["replace"], best["add"]
-    print(f"\nFIGURES bulk load {n} entries (same guest run, best of 2): plain `ipset restore` "
-          f"{t_plain:.2f}s; module replace() {t_replace:.2f}s ({t_replace / t_plain:.2f}x); "
-          f"module create()+add() {t_add:.2f}s ({t_add / t_plain:.2f}x), of which rendering "
-          f"the script {t_render:.2f}s; members() {t_read:.2f}s vs bare `ipset save` "
-          f"{t_save:.2f}s")
-    # Speed is a benchmark figure (make bench), not an assertion: this test checks correctness.
 
 
 def test_bulk_delta_is_exact(k: Kernel) -> None:
     spec = SetSpec(f"{PREFIX}DELTA", SetType.HASH_IP_PORT, hashsize=4096, maxelem=65536)
-    current = bulk_entries(20_000)
+    current = bulk_entries(10_000)
     k.sets.replace(spec, current)
     gone, new = set(current[:5000]), set(bulk_entries(5000, base="11.0.0.0"))
     delta = MemberDelta(
