@@ -40,6 +40,7 @@ import pytest
 from ipvsproxy.core.conntrack_filters import udp_filters
 from ipvsproxy.core.ipvs import DestKey, Protocol, RealServer, ServiceKey
 from ipvsproxy.kernel.conntrack import clear_stale_udp
+from tests.kernel import forked
 from tests.kernel.conftest import sh
 from tests.kernel.test_traffic import PODS, PODS_SH, service, slice_, sync
 
@@ -142,7 +143,7 @@ def wait_until(cond: Any, timeout: float = 10.0) -> bool:
 @pytest.fixture(scope="module")
 def node(ipvs_modules: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     tmp = tmp_path_factory.mktemp("conntrack")
-    subprocess.run([sys.executable, "-m", "ipvsproxy", "cleanup"], check=False)
+    forked.run(["cleanup"])
     sh("ipvsadm -C")
     saved = {k: sh(f"sysctl -n {k}").strip() for k in CT_SYSCTLS}
     sh("sysctl -qw " + " ".join(f"{k}={v}" for k, v in CT_SYSCTLS.items()))
@@ -158,7 +159,7 @@ def node(ipvs_modules: None, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         for proc in servers:
             proc.kill()
             proc.wait()
-        subprocess.run([sys.executable, "-m", "ipvsproxy", "cleanup"], check=False)
+        forked.run(["cleanup"])
         sh(f"{PODS_SH} down")
         sh("sysctl -qw " + " ".join(f"{k}={v}" for k, v in saved.items()))
         sh(f"conntrack -D -s {CLIENT} 2>/dev/null", check=False)

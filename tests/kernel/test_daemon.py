@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 
 from tests.apiserver import ApiServer
+from tests.kernel import forked
 from tests.kernel.conftest import sh
 from tests.kernel.test_traffic import PODS, PODS_SH, service, slice_, who
 
@@ -103,7 +104,7 @@ def kernel_state() -> str:
 
 @dataclass
 class Daemon:
-    proc: subprocess.Popen[bytes]
+    proc: forked.Proc
     log: Path
 
     def text(self) -> str:
@@ -113,14 +114,14 @@ class Daemon:
 def start_daemon(tmp: Path, kubeconfig: Path, name: str, sync_period: float = SYNC_PERIOD,
                  first_sync_timeout: float = 240, extra: tuple[str, ...] = ()) -> Daemon:
     log = tmp / f"{name}.log"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "ipvsproxy", "--log-format", "json", "run",
+    proc = forked.start(
+        ["--log-format", "json", "run",
          "--kubeconfig", str(kubeconfig), "--hostname-override", "node-a",
          "--cluster-cidr", "10.244.0.0/16", "--ip-families", "4",
          "--ipvs-sync-period", f"{sync_period}s", "--ipvs-min-sync-period", "0.2s",
          "--ipvs-graceful-termination-period", f"{DRAIN_LIMIT}s",
          "--healthz-bind-address", HEALTHZ, "--metrics-bind-address", METRICS, *extra],
-        stdout=log.open("wb"), stderr=subprocess.STDOUT)
+        log)
     d = Daemon(proc, log)
     wait_for("the daemon's first sync",
              lambda: proc.poll() is not None or syncs(metrics_or_empty(), "full") >= 1,
@@ -155,7 +156,7 @@ def ipvs_dests(vip: str) -> dict[str, tuple[int, int]]:
 def cluster(ipvs_modules: None, tmp_path_factory: pytest.TempPathFactory
             ) -> Iterator[tuple[ApiServer, Path, Path]]:
     tmp = tmp_path_factory.mktemp("daemon")
-    subprocess.run([sys.executable, "-m", "ipvsproxy", "cleanup"], check=False)
+    forked.run(["cleanup"])
     sh("ipvsadm -C")
     sh(f"{PODS_SH} up pod1 pod2 pod3")
     api = ApiServer()
@@ -173,7 +174,7 @@ def cluster(ipvs_modules: None, tmp_path_factory: pytest.TempPathFactory
         "contexts": [{"name": "lab", "context": {"cluster": "lab", "user": "lab"}}]}))
     yield api, kubeconfig, tmp
     api.stop()
-    subprocess.run([sys.executable, "-m", "ipvsproxy", "cleanup"], check=False)
+    forked.run(["cleanup"])
     sh(f"{PODS_SH} down")
 
 
@@ -201,7 +202,7 @@ def test_a_new_service_appears(cluster: tuple[ApiServer, Path, Path], daemon: Da
 
 
 def ipvsproxy(*args: str) -> str:
-    return sh(" ".join([sys.executable, "-m", "ipvsproxy", *args]))
+    return forked.check(*args)
 
 
 def test_ls_and_explain_know_the_service_names(daemon: Daemon) -> None:
@@ -220,8 +221,7 @@ def test_ls_and_explain_know_the_service_names(daemon: Daemon) -> None:
         assert got["kubernetes_service"] == "default/web:http"
     text = ipvsproxy("explain", "-t", "10.96.0.20:80", "--client", "10.244.1.12")
     assert text.startswith("service      TCP 10.96.0.20:80  (default/web2:http)\n"), text
-    p = subprocess.run([sys.executable, "-m", "ipvsproxy", "explain", "--service",
-                        "default/nope", "--client", "10.244.1.12"], capture_output=True, text=True)
+    p = forked.run(["explain", "--service", "default/nope", "--client", "10.244.1.12"])
     assert p.returncode != 0 and "no virtual server of default/nope" in p.stderr
 
 

@@ -22,7 +22,6 @@ import random
 import selectors
 import socket
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -40,6 +39,7 @@ from ipvsproxy.kernel.ipvs import IpvsClient
 from scheduler import AF_INET, AF_INET6, SVC_F_SCHED1, SVC_F_SCHED2, Conn, Dest, lc, mh, sh, wlc
 from scheduler.rr import RrState
 from scheduler.wrr import WrrState
+from tests.kernel import forked
 from tests.kernel.conftest import sh as shell
 
 pytestmark = [pytest.mark.kernel, pytest.mark.lab_cost(100)]  # seconds, balances lab guests
@@ -461,9 +461,8 @@ def test_least_connection_follows_the_model_with_connections_held(
 
 
 def explain_cli(port: int, src: str, sport: int) -> dict[str, Any]:
-    p = subprocess.run([sys.executable, "-m", "ipvsproxy", "explain", "-t", f"{VIP}:{port}",
-                        "--client", f"{src}:{sport}", "-o", "json"],
-                       capture_output=True, text=True, check=False)
+    p = forked.run(["explain", "-t", f"{VIP}:{port}", "--client", f"{src}:{sport}", "-o",
+                    "json"])
     assert p.returncode == 0, p.stdout + p.stderr
     out: dict[str, Any] = json.loads(p.stdout)
     return out

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import re
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
 
+from tests.kernel import forked
 from tests.kernel.conftest import sh
 from tests.unit.worked_example import worked_example
 
@@ -23,8 +23,7 @@ FLAGS = ["--hostname-override", "node-a", "--cluster-cidr", "10.244.0.0/16",
 
 
 def ipvsproxy(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    p = subprocess.run([sys.executable, "-m", "ipvsproxy", *args], capture_output=True,
-                       text=True, check=False)
+    p = forked.run(args)
     if check and p.returncode != 0:
         raise AssertionError(f"ipvsproxy {' '.join(args)} exited {p.returncode}:\n"
                              f"{p.stdout}{p.stderr}")

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.kernel import forked
 from tests.kernel.conftest import sh
 
 pytestmark = [pytest.mark.kernel, pytest.mark.lab_cost(150)]  # seconds, balances lab guests
@@ -100,20 +101,19 @@ def cluster(echo_pods: tuple[str, ...] = ("pod1",)) -> list[dict[str, Any]]:
 def sync(tmp: Path, docs: list[dict[str, Any]]) -> None:
     path = tmp / "cluster.yaml"
     path.write_text(yaml.safe_dump_all(docs))
-    p = subprocess.run([sys.executable, "-m", "ipvsproxy", "sync", "--once", "--from-file",
-                        str(path), *FLAGS], capture_output=True, text=True, check=False)
+    p = forked.run(["sync", "--once", "--from-file", str(path), *FLAGS])
     assert p.returncode == 0, p.stdout + p.stderr
 
 
 @pytest.fixture(scope="module")
 def node(ipvs_modules: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     tmp = tmp_path_factory.mktemp("traffic")
-    subprocess.run([sys.executable, "-m", "ipvsproxy", "cleanup"], check=False)
+    forked.run(["cleanup"])
     sh("ipvsadm -C")
     sh(f"{PODS_SH} up pod1 pod2 pod3")
     sync(tmp, cluster())
     yield tmp
-    subprocess.run([sys.executable, "-m", "ipvsproxy", "cleanup"], check=False)
+    forked.run(["cleanup"])
     sh(f"{PODS_SH} down")
 
 
