@@ -97,6 +97,14 @@ class Pick:
         }
 
 
+def find_dest(dests: list[Dest], addr: IPAddress, port: int) -> int:
+    """The index of the destination addr:port in a kernel-ordered list (KeyError if none)."""
+    for i, d in enumerate(dests):
+        if d.addr == addr and d.port == port:
+            return i
+    raise KeyError(f"no destination {addr} port {port}")
+
+
 def addr_port(addr: IPAddress, port: int) -> str:
     """IP:PORT, or [IP]:PORT for IPv6."""
     return f"[{addr}]:{port}" if addr.version == 6 else f"{addr}:{port}"

@@ -80,12 +80,23 @@ def schedule(dests: Sequence[Dest], formula: Formula = FORMULA) -> LcPick:
         if least is None or doh < loh:  # ip_vs_lc.c:46-49
             least, loh = dest, doh
     text = formula_text(formula)
+    return LcPick("lc", least, reason("least connection", text, least, compared, weighted=False),
+                  compared=tuple(compared), formula=text)
+
+
+def reason(name: str, text: str, least: Dest | None, compared: Sequence[Compared],
+           weighted: bool) -> str:
+    """The words of an lc-family pick: the winner's overhead and the others' (over their
+    weights when the scheduler divides by weight)."""
     if least is None:
-        reason = "every destination is overloaded or has weight 0"
-    else:
-        others = ", ".join(f"{c.dest} {c.overhead}" for c in compared
-                           if not c.skipped and c.dest is not least)
-        reason = (f"least connection: {text}; {least} has the least, {loh}"
-                  + (f" (others: {others})" if others else "")
-                  + "; on a tie the earlier in kernel list order wins")
-    return LcPick("lc", least, reason, compared=tuple(compared), formula=text)
+        return "every destination is overloaded or has weight 0"
+
+    def cost(c: Compared) -> str:
+        return f"{c.overhead}/{c.dest.weight}" if weighted else str(c.overhead)
+
+    others = ", ".join(f"{c.dest} {cost(c)}" for c in compared
+                       if not c.skipped and c.dest is not least)
+    won = next(c for c in compared if c.dest is least)
+    return (f"{name}: {text}; {least} has the least, {cost(won)}"
+            + (f" (others: {others})" if others else "")
+            + "; on a tie the earlier in kernel list order wins")

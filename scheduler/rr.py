@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from scheduler.common import Dest, IPAddress, Pick
+from scheduler.common import Dest, IPAddress, Pick, find_dest
 
 HEAD = -1  # the pointer is at the list head (&svc->destinations)
 
@@ -47,12 +47,6 @@ class RrState:
             state.add_dest(dest)
         return state
 
-    def _find(self, addr: IPAddress, port: int) -> int:
-        for i, d in enumerate(self.dests):
-            if d.addr == addr and d.port == port:
-                return i
-        raise KeyError(f"no destination {addr} port {port}")
-
     def add_dest(self, dest: Dest) -> None:
         """__ip_vs_update_dest(add) (ip_vs_ctl.c:987-993): at the head of the list."""
         self.dests.insert(0, dest)
@@ -61,7 +55,7 @@ class RrState:
 
     def del_dest(self, addr: IPAddress, port: int) -> None:
         """__ip_vs_unlink_dest (ip_vs_ctl.c:1236-1262) then ip_vs_rr_del_dest."""
-        i = self._find(addr, port)
+        i = find_dest(self.dests, addr, port)
         del self.dests[i]
         if self.pos == i:
             self.pos = i - 1 if i > 0 else HEAD  # ip_vs_rr.c:42-43: p->next->prev
@@ -70,7 +64,7 @@ class RrState:
 
     def upd_dest(self, dest: Dest) -> None:
         """A changed weight or flag; rr has no upd_dest, the list order stays."""
-        self.dests[self._find(dest.addr, dest.port)] = dest
+        self.dests[find_dest(self.dests, dest.addr, dest.port)] = dest
 
     def _walk(self) -> list[int]:
         """The indexes ip_vs_rr_schedule looks at, in order (ip_vs_rr.c:66-81)."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from scheduler.common import Dest
-from scheduler.lc import FORMULA, Compared, Formula, LcPick, formula_text, overhead
+from scheduler.lc import FORMULA, Compared, Formula, LcPick, formula_text, overhead, reason
 
 
 def schedule(dests: Sequence[Dest], formula: Formula = FORMULA) -> LcPick:
@@ -39,12 +39,5 @@ def schedule(dests: Sequence[Dest], formula: Formula = FORMULA) -> LcPick:
         if loh * dest.weight > doh * least.weight:  # ip_vs_wlc.c:69-73
             least, loh = dest, doh
     text = formula_text(formula) + "; compared as overhead / weight"
-    if least is None:
-        reason = "every destination is overloaded or has weight 0"
-    else:
-        others = ", ".join(f"{c.dest} {c.overhead}/{c.dest.weight}" for c in compared
-                           if not c.skipped and c.dest is not least)
-        reason = (f"weighted least connection: {text}; {least} has the least, "
-                  f"{loh}/{least.weight}" + (f" (others: {others})" if others else "")
-                  + "; on a tie the earlier in kernel list order wins")
-    return LcPick("wlc", least, reason, compared=tuple(compared), formula=text)
+    return LcPick("wlc", least, reason("weighted least connection", text, least, compared,
+                                       weighted=True), compared=tuple(compared), formula=text)

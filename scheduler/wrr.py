@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from scheduler.common import Dest, IPAddress, gcd
+from scheduler.common import Dest, IPAddress, find_dest, gcd
 from scheduler.rr import HEAD, RrPick
 
 
@@ -88,12 +88,6 @@ class WrrState:
         elif self.di > 1:
             self.cw = (self.cw // self.di) * self.di + 1
 
-    def _find(self, addr: IPAddress, port: int) -> int:
-        for i, d in enumerate(self.dests):
-            if d.addr == addr and d.port == port:
-                return i
-        raise KeyError(f"no destination {addr} port {port}")
-
     def add_dest(self, dest: Dest) -> None:
         """ip_vs_ctl.c:989-993: at the head of the list, then add_dest."""
         self.dests.insert(0, dest)
@@ -101,12 +95,12 @@ class WrrState:
 
     def del_dest(self, addr: IPAddress, port: int) -> None:
         """ip_vs_ctl.c:1246-1257: unlinked, then del_dest."""
-        del self.dests[self._find(addr, port)]
+        del self.dests[find_dest(self.dests, addr, port)]
         self.dest_changed()
 
     def upd_dest(self, dest: Dest) -> None:
         """ip_vs_ctl.c:994-997: a changed destination (weight), then upd_dest."""
-        self.dests[self._find(dest.addr, dest.port)] = dest
+        self.dests[find_dest(self.dests, dest.addr, dest.port)] = dest
         self.dest_changed()
 
     def schedule(self) -> Dest | None:

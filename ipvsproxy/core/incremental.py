@@ -55,6 +55,7 @@ class Applied:
     no_local: Counter[tuple[str, int]]  # (traffic policy, family) -> services
     rules: dict[int, Rules]
     specs: tuple[SetSpec, ...] = ()
+    owners_version: int = 0  # bumped when `owners` changes: readers skip unchanged names
 
     @classmethod
     def from_full(cls, des: Desired) -> Applied:
@@ -174,6 +175,8 @@ class Applied:
         """Record that `part` now stands for the services in `dirty`."""
         for sid in dirty:
             self._remove(sid)
+        touched = set(scope) | part.owners.keys()
+        owners_before = {k: self.owners.get(k) for k in touched}
         for k in scope:
             self.services.pop(k, None)
             self.dests.pop(k, None)
@@ -183,6 +186,8 @@ class Applied:
         self.services.update(part.services)
         self.dests.update(part.dests)
         self.owners.update(part.owners)
+        if any(self.owners.get(k) != v for k, v in owners_before.items()):
+            self.owners_version += 1
         self.rules = self._rules(cfg)
 
 

@@ -115,6 +115,9 @@ class Reconciler:
         self.after_sync: Callable[[], None] | None = None  # e.g. health-check node ports
         self.names: Any = None  # a names.Publisher: who owns each virtual server, for ls/explain
         self.foreign: set[ServiceKey] = set()  # desired, but someone else's in the kernel
+        # what the names file was last written from (None: write at the next sync); without it
+        # every sync would copy and filter the owners of all services (10k+) for nothing
+        self._published: tuple[int, frozenset[ServiceKey]] | None = None
 
     # --------------------------------------------------------------------------- the loop
 
@@ -186,6 +189,7 @@ class Reconciler:
         self._track_draining(plan, None)
         self.foreign = set(plan.foreign)
         self.applied = Applied.from_full(des)
+        self._published = None
         self._report(des.problems + plan.problems)
         result = SyncResult("full", step_counts(plan.steps), failures)
         if not changes and self.metrics is not None and plan.steps:
@@ -278,9 +282,12 @@ class Reconciler:
             except Exception as exc:
                 log.warning("after-sync hook failed", error=str(exc))
         if self.names is not None and applied is not None:
+            source = (applied.owners_version, frozenset(self.foreign))
             try:
-                self.names.publish({k: v for k, v in applied.owners.items()
-                                    if k not in self.foreign})
+                if source != self._published:
+                    self.names.publish({k: v for k, v in applied.owners.items()
+                                        if k not in self.foreign})
+                    self._published = source
             except OSError as exc:  # names are for people; the dataplane does not need them
                 log.warning("cannot publish service names", error=str(exc))
         m = self.metrics

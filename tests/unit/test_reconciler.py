@@ -182,3 +182,28 @@ def test_names_are_published_after_syncs_and_follow_changes(tmp_path: Any) -> No
     assert r.last.mode == "incremental"
     assert sorted(map(str, names.read(tmp_path / "services"))) == [
         "TCP 10.96.0.1:80", "TCP 10.96.0.3:80"]
+
+
+def test_names_are_not_rebuilt_when_no_owner_changed(tmp_path: Any) -> None:
+    """Only a change of owners (or of foreign keys) writes the names file again: an endpoint
+    change at 10k services must not copy and filter every owner."""
+    from ipvsproxy import names
+
+    calls: list[int] = []
+
+    class Counting(names.Publisher):
+        def publish(self, owners: Any) -> bool:
+            calls.append(len(owners))
+            return super().publish(owners)
+
+    s, k = cluster(3), Recorder()
+    r = Reconciler(CFG, s, kernel=k)
+    r.names = Counting(tmp_path / "services")
+    r.sync_once(s.take(), full=True)
+    assert calls == [3]
+    s.event("EndpointSlice", "MODIFIED", slice_("s1", ep("10.244.1.9", "node-b")))
+    assert r.sync_once(s.take(), full=False) and r.last is not None
+    assert r.last.mode == "incremental" and calls == [3]  # endpoints only: no rebuild
+    s.event("Service", "DELETED", service("s2", "10.96.0.2"))
+    assert r.sync_once(s.take(), full=False)
+    assert calls == [3, 2]
