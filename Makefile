@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 PYTHON ?= python3
 CMD ?= uname -r; modprobe ip_vs && ipvsadm -Ln
 
-.PHONY: setup host-packages venv kernel lint types unit test demo lab bench clean kind-e2e
+.PHONY: setup host-packages venv kernel lint types unit test demo lab bench chaos clean kind-e2e
 
 setup: host-packages venv kernel
 
@@ -47,6 +47,11 @@ bench: setup
 	@mkdir -p bench/results
 	$(PY) -m integration.vm.lab --timeout 3000 --rwdir bench/results -- \
 		'python -m bench.kernel_bench $(BENCH_ARGS)'
+
+# The chaos run (issue 9) at full size: 500 services, 2,000 random changes, a fault every 20
+# (tests/kernel/chaos.py; a smaller run is part of make test). CHAOS_ARGS=--help for the knobs.
+chaos: setup
+	$(PY) -m integration.vm.lab --timeout 3000 -- 'python -m tests.kernel.chaos $(CHAOS_ARGS)'
 
 # Run any command inside the lab guest: make lab CMD='ipvsadm -Ln'
 lab: setup

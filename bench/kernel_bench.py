@@ -97,6 +97,7 @@ def main() -> int:
     ap.add_argument("--services", type=int, default=2000)
     ap.add_argument("--dests", type=int, default=10)
     ap.add_argument("--entries", type=int, default=50000)
+    ap.add_argument("--addresses", type=int, default=1000)
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
     args = ap.parse_args()
@@ -167,6 +168,20 @@ def main() -> int:
                      ipset_reset)
     row(f"ipset bulk load {args.entries} entries", ours, ref, "ipset restore", 1.2)
     sh(f"ipset destroy {spec.name}")
+
+    from ipvsproxy.kernel.dummy import KUBE_IPVS0, DummyLink
+
+    addrs = [IPv4Address(0x0A600000 + i + 1) for i in range(args.addresses)]
+    batch_in = "".join(f"address add {a}/32 dev {KUBE_IPVS0}\n" for a in addrs)
+    link = DummyLink()
+
+    def addrs_ours() -> None:
+        link.add(addrs)
+
+    ours, ref = best([addrs_ours, lambda: sh("ip -batch -", batch_in)], args.repeat,
+                     lambda: (link.ensure(), sh(f"ip addr flush dev {KUBE_IPVS0}")))
+    row(f"kube-ipvs0: add {args.addresses} addresses", ours, ref, "ip -batch", 1.0)
+    sh(f"ip link del {KUBE_IPVS0}")
 
     kernel = os.uname().release
     out = Path(args.out)

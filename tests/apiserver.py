@@ -236,6 +236,12 @@ class ApiServer:
             self._cond.notify_all()
             return copy.deepcopy(gone)
 
+    def objects(self) -> list[Obj]:
+        """Every object that exists now, of every kind (copies)."""
+        with self._cond:
+            return [copy.deepcopy(obj) for kind in KINDS
+                    for _, obj in self._snapshot(kind, self._rv)]
+
     def _record(self, event: Event) -> None:
         self._events.append(event)
         self._event_rvs.append(event.rv)

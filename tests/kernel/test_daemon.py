@@ -5,8 +5,10 @@ goes through what it programs.
 One daemon runs for the module; the tests are steps of one story, in order: it programs the
 cluster, a new Service appears, endpoints scale (incrementally: the metrics count the kernel
 operations), an endpoint with an open connection drains and is deleted after the maximum drain
-time, `ipvsadm -C` by hand is repaired within a sync period, health and metrics answer, SIGTERM
-leaves the kernel as it was, and a restarted daemon applies nothing.
+time, `ipvsadm -C` by hand is repaired within a sync period, health and metrics answer, the API
+server goes away for three sync periods (nothing changes, the node stays healthy, a change made
+meanwhile is programmed when it returns), SIGTERM leaves the kernel as it was, and a restarted
+daemon applies nothing.
 """
 
 from __future__ import annotations
@@ -315,6 +317,37 @@ def test_health_and_metrics_answer(daemon: Daemon) -> None:
     assert get(f"http://{METRICS}/proxyMode") == (200, "ipvs")
 
 
+def test_api_server_away_the_dataplane_stays_and_the_daemon_catches_up(
+        cluster: tuple[ApiServer, Path, Path], daemon: Daemon) -> None:
+    api = cluster[0]
+    before = kernel_state()
+    api.stop()  # every connection refused, watches cut
+    t0 = time.monotonic()
+    try:
+        # three sync periods without an API server: the periodic full syncs go on against what
+        # the daemon last knew, so the dataplane stays exactly as it was and the node is alive
+        while time.monotonic() - t0 < 3 * SYNC_PERIOD:
+            assert get(f"http://{HEALTHZ}/livez")[0] == 200
+            time.sleep(2.0)
+        assert kernel_state() == before
+        # kube-proxy's /healthz only turns 503 when a queued update waits for more than two
+        # sync periods; an outage queues nothing, and the syncs keep succeeding
+        code, body = get(f"http://{HEALTHZ}/healthz")
+        assert code == 200 and json.loads(body)["healthy"] is True, body
+        assert who("http://10.96.0.10", ns="client")[0] in PODS  # traffic still flows
+        # the cluster changes meanwhile (the API server's store does, it just does not answer)
+        api.put(service("late", "10.96.0.30", HTTP80))
+        api.put(slice_("late-1", "late", ["pod3"], HTTP))
+    finally:
+        api.start()
+    print(f"API server away for {time.monotonic() - t0:.0f} s")
+    # the watches come back (capped backoff, 30 s at most) and the change is programmed
+    wait_for("the change made during the outage", lambda: "10.96.0.30:80" in sh("ipvsadm -Ln"),
+             90, daemon)
+    assert who("http://10.96.0.30", ns="client")[0] == "pod3"
+    assert "Traceback" not in daemon.text()
+
+
 def test_sigterm_leaves_the_kernel_as_it_was(daemon: Daemon) -> None:
     before = kernel_state()
     assert stop_daemon(daemon) == 0
@@ -335,6 +368,110 @@ def test_a_restart_adopts_the_kernel_and_applies_nothing(
     finally:
         assert stop_daemon(d) == 0
     assert "Traceback" not in d.text()
+
+
+def test_ten_sigkills_drop_no_connection(cluster: tuple[ApiServer, Path, Path],
+                                         daemon: Daemon) -> None:
+    """A client opens connections at a steady rate to a ClusterIP and a NodePort and keeps one
+    established connection talking, while the daemon is SIGKILLed and restarted 10 times."""
+    api, kubeconfig, tmp = cluster
+    if daemon.proc.poll() is None:  # run on its own (-k): one daemon at a time
+        stop_daemon(daemon)
+    api.put(service("web-np", "10.96.0.40", [{**HTTP80[0], "nodePort": 30090}], "NodePort"))
+    api.put(slice_("web-np-1", "web-np", ["pod1", "pod2"], HTTP))
+    d = start_daemon(tmp, kubeconfig, "restart-0")
+    client = None
+    try:
+        wait_for("the NodePort", lambda: who("http://192.168.1.10:30090", ns="client")[0]
+                 in ("pod1", "pod2"), log=d)
+        client = subprocess.Popen(
+            ["ip", "netns", "exec", "client", sys.executable, "-c", STEADY_CLIENT,
+             "10.96.0.10:80", "192.168.1.10:30090", "10.96.0.14:9000"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert client.stdout is not None and client.stdout.readline().strip() == "ready"
+        for i in range(1, 11):
+            d.proc.kill()
+            d.proc.wait(60)
+            d = start_daemon(tmp, kubeconfig, f"restart-{i}")
+        assert operations(metrics()) == {}  # it adopted the kernel: nothing to apply
+    finally:
+        assert stop_daemon(d) == 0
+        if client is not None and client.stdin is not None and client.stdout is not None:
+            client.stdin.close()  # the client's signal to stop and report
+            report = json.loads(client.stdout.read().strip().splitlines()[-1])
+            client.wait(30)
+        api.delete("Service", "default", "web-np")
+        api.delete("EndpointSlice", "default", "web-np-1")
+    print(f"10 SIGKILL restarts: {report}")
+    assert report["failed"] == 0 and report["echo_failed"] == 0, report
+    assert min(report["ok"].values()) >= 10 and report["echo_ok"] >= 10, report
+
+
+# Connections at a steady rate (one every 0.1 s to each HTTP target) and one established
+# connection echoing a line every 0.5 s, until stdin closes; then one JSON line of counts.
+STEADY_CLIENT = r"""
+import json, socket, sys, threading, time
+http = sys.argv[1:-1]
+echo_host, echo_port = sys.argv[-1].rsplit(":", 1)
+ok = {t: 0 for t in http}
+out = {"failed": 0, "errors": [], "echo_ok": 0, "echo_failed": 0}
+stop = threading.Event()
+
+def get(target):
+    host, port = target.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=5) as s:
+        s.sendall(b"GET /cgi-bin/who HTTP/1.0
+
+")
+        data = b""
+        while chunk := s.recv(4096):
+            data += chunk
+    if not data.startswith(b"HTTP/1.") or b" 200 " not in data.split(b"
+", 1)[0]:
+        raise OSError("answer: %r" % data[:60])
+
+def steady():
+    while not stop.is_set():
+        for t in http:
+            try:
+                get(t)
+                ok[t] += 1
+            except OSError as e:
+                out["failed"] += 1
+                out["errors"].append("%s: %s" % (t, e))
+        time.sleep(0.1)
+
+def echo():
+    s = socket.create_connection((echo_host, int(echo_port)), timeout=5)
+    f = s.makefile("rw")
+    n = 0
+    while not stop.is_set():
+        n += 1
+        try:
+            f.write("line %d
+" % n)
+            f.flush()
+            if f.readline().strip() != "line %d" % n:
+                raise OSError("wrong echo")
+            out["echo_ok"] += 1
+        except OSError:
+            out["echo_failed"] += 1
+        time.sleep(0.5)
+
+for t in http:
+    get(t)
+threads = [threading.Thread(target=steady), threading.Thread(target=echo)]
+for th in threads:
+    th.start()
+print("ready", flush=True)
+sys.stdin.read()
+stop.set()
+for th in threads:
+    th.join()
+out["ok"] = ok
+out["errors"] = out["errors"][:10]
+print(json.dumps(out), flush=True)
+"""
 
 
 def test_one_endpoint_change_among_500_services_touches_only_that_service(
