@@ -51,7 +51,8 @@ bench: setup
 # The chaos run (issue 9) at full size: 500 services, 2,000 random changes, a fault every 20
 # (tests/kernel/chaos.py; a smaller run is part of make test). CHAOS_ARGS=--help for the knobs.
 chaos: setup
-	$(PY) -m integration.vm.lab --timeout 3000 -- 'python -m tests.kernel.chaos $(CHAOS_ARGS)'
+	$(PY) -m integration.vm.lab --timeout 3000 -- \
+		'python -c "import sys; from tests.kernel.chaos import main; sys.exit(main())" $(CHAOS_ARGS)'
 
 # Run any command inside the lab guest: make lab CMD='ipvsadm -Ln'
 lab: setup

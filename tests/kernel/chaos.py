@@ -7,7 +7,9 @@ periods (checked by `ipvsproxy sync --once --dry-run` on a dump of them: no oper
 every foreign object must be as it was made, and no daemon log may hold a traceback.
 
 `make chaos` runs it at the issue's size (500 services, 2,000 changes); test_chaos.py runs a
-smaller one in `make test`. `python -m tests.kernel.chaos --help` (in the lab) for the knobs.
+smaller one in `make test`; `make chaos CHAOS_ARGS=--help` lists the knobs. (make chaos imports
+main() rather than running this file as __main__: the forkserver that starts the daemon would
+import a __main__ module again in every child.)
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ class Report:
     repairs: float = 0.0  # ipvsproxy_drift_repaired_total, summed over the daemon's lives
     drive_seconds: float = 0.0
     converge_seconds: float | None = None  # from the driver's stop to no operation left
+    repair_seconds: float | None = None  # from a last tampering, cluster quiet, to repaired
     left: list[str] = field(default_factory=list)  # operations still planned at the deadline
     foreign_changed: list[str] = field(default_factory=list)
     tracebacks: int = 0
@@ -61,6 +64,8 @@ class Report:
                 "drive_seconds": round(self.drive_seconds, 1),
                 "converge_seconds": None if self.converge_seconds is None
                 else round(self.converge_seconds, 1),
+                "repair_seconds": None if self.repair_seconds is None
+                else round(self.repair_seconds, 1),
                 "operations_left": len(self.left), "foreign_changed": self.foreign_changed,
                 "tracebacks": self.tracebacks}
 
@@ -188,7 +193,7 @@ def real_servers() -> list[tuple[str, str, str]]:
 
 def foreign_state(n: int) -> str:
     return "\n".join([
-        sh(f"ipvsadm -Sn -t {FOREIGN_NET}.{n}:80"),
+        sh(f"ipvsadm -Ln -t {FOREIGN_NET}.{n}:80"),
         sh(f"ipset save FOREIGN-{n}"),
         sh(f"iptables -t filter -S FOREIGN-{n}"),
     ])
@@ -255,6 +260,19 @@ def plan_left(api: ApiServer, tmp: Path) -> list[str]:
     return p.stdout.splitlines()
 
 
+def converge(api: ApiServer, tmp: Path, deadline: float, report: Report) -> float | None:
+    """Seconds until nothing is left to do, or None (and what is left, in the report)."""
+    t0 = time.monotonic()
+    while True:
+        left = plan_left(api, tmp)
+        if not left:
+            return time.monotonic() - t0
+        if time.monotonic() > deadline:
+            report.left = left
+            return None
+        time.sleep(1.0)
+
+
 def run(tmp: Path, services: int = 500, changes: int = 2000, fault_every: int = 20,
         sync_period: float = 30.0, seed: int = 1, pause: float = 0.05) -> Report:
     rng = random.Random(seed)
@@ -305,16 +323,16 @@ def run(tmp: Path, services: int = 500, changes: int = 2000, fault_every: int = 
         report.drive_seconds = time.monotonic() - t0
         # the API is up and the daemon alive (a fault's restart is synchronous): converge
         t1 = time.monotonic()
-        deadline = t1 + 2 * sync_period
-        while True:
-            left = plan_left(api, tmp)
-            if not left:
-                report.converge_seconds = time.monotonic() - t1
-                break
-            if time.monotonic() > deadline:
-                report.left = left
-                break
-            time.sleep(1.0)
+        report.converge_seconds = converge(api, tmp, t1 + 2 * sync_period, report)
+        if report.converge_seconds is not None:
+            # one more round of tampering with the cluster quiet: a full sync with no change
+            # to apply repairs it, and counts it (ipvsproxy_drift_repaired_total)
+            for kind in ("ipvs_del_service", "ipvs_del_dest", "ipset_del", "iptables_flush",
+                         "addr_del"):
+                fault(kind, api, daemon, rng, foreign)
+                report.faults[kind] += 1
+            t2 = time.monotonic()
+            report.repair_seconds = converge(api, tmp, t2 + 2 * sync_period, report)
         report.foreign_changed = [f"foreign {n}" for n, state in foreign.items()
                                   if foreign_state(n) != state]
         assert daemon.stop() == 0
@@ -333,6 +351,15 @@ def run(tmp: Path, services: int = 500, changes: int = 2000, fault_every: int = 
     return report
 
 
+def log_tails(r: Report, lines: int = 25) -> str:
+    """The end of each of the daemon's logs, to see why it did not converge."""
+    out = []
+    for path in r.daemon_logs:
+        tail = Path(path).read_text(errors="replace").splitlines()[-lines:]
+        out.append(f"--- {path}\n" + "\n".join(tail))
+    return "\n".join(out)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--services", type=int, default=500)
@@ -347,7 +374,9 @@ def main() -> int:
     print(json.dumps(r.summary(), indent=1))
     if r.left:
         print("still to do at the deadline:\n" + "\n".join(r.left[:50]))
-    ok = r.converge_seconds is not None and not r.foreign_changed and not r.tracebacks
+        print(log_tails(r))
+    ok = (r.converge_seconds is not None and r.repair_seconds is not None and r.repairs > 0
+          and not r.foreign_changed and not r.tracebacks)
     print("chaos: " + ("converged" if ok else "FAILED"))
     return 0 if ok else 1
 

@@ -27,7 +27,11 @@ PRELOAD = [
     "ipvsproxy.commands.ls", "ipvsproxy.commands.explain", "ipvsproxy.commands.cleanup",
     "ipvsproxy.daemon.reconciler", "ipvsproxy.daemon.metrics", "ipvsproxy.daemon.http",
     "ipvsproxy.kube.reflector", "ipvsproxy.kernel.dataplane", "ipvsproxy.kernel.conntrack",
-    "kubernetes", "pyroute2", "prometheus_client", "structlog", "yaml",
+    "kubernetes", "kubernetes.config", "kubernetes.watch",
+    # the client loads these on first use (kubernetes.client.__getattr__); CoreV1Api alone is
+    # 45k lines, 30-60 s to import under emulation
+    "kubernetes.client.api.core_v1_api", "kubernetes.client.api.discovery_v1_api",
+    "pyroute2", "prometheus_client", "structlog", "yaml",
 ]
 
 _ctx = multiprocessing.get_context("forkserver")
@@ -40,6 +44,9 @@ def _command(argv: list[str], out: str, err: str | None, env: dict[str, str]) ->
     fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     os.dup2(fd, 1)
     os.dup2(fd if err is None else os.open(err, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), 2)
+    import faulthandler
+
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # a hung command's stacks, on demand
     from ipvsproxy.cli import main
 
     try:

@@ -17,10 +17,14 @@ pytestmark = [pytest.mark.kernel, pytest.mark.lab_cost(150)]  # seconds, balance
 
 def test_chaos_converges_and_spares_foreign_objects(ipvs_modules: None, tmp_path: Path) -> None:
     # 50 faults: each of the 11 kinds 4 or 5 times
-    r = chaos.run(tmp_path, services=40, changes=300, fault_every=6, sync_period=10.0, seed=7)
+    r = chaos.run(tmp_path, services=40, changes=200, fault_every=4, sync_period=10.0, seed=7)
     print(json.dumps(r.summary(), indent=1))
     assert set(r.faults) == set(chaos.FAULTS), r.faults
-    assert r.converge_seconds is not None, "still to do:\n" + "\n".join(r.left[:40])
+    assert r.converge_seconds is not None, ("still to do:\n" + "\n".join(r.left[:20]) + "\n"
+                                           + chaos.log_tails(r))
     assert r.foreign_changed == [] and r.faults["foreign_add"] > 0
     assert r.tracebacks == 0, r.daemon_logs
-    assert r.repairs > 0  # the tampering was noticed and repaired by the daemon
+    # a last round of tampering, the cluster quiet: repaired within two sync periods, counted
+    assert r.repair_seconds is not None, ("still to do:\n" + "\n".join(r.left[:20]) + "\n"
+                                         + chaos.log_tails(r))
+    assert r.repairs > 0

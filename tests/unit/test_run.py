@@ -33,3 +33,40 @@ def test_bad_flags_are_named(flag: str, value: str, words: str) -> None:
     p = run("--hostname-override", "node-a", flag, value)
     assert p.returncode == 2, p.stderr
     assert words in p.stderr and "Traceback" not in p.stderr
+
+
+class _Usable:
+    """Stands in for a kernel client that works (the host has no IPVS to ask)."""
+
+    def __enter__(self) -> _Usable:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def info(self) -> None:
+        return None
+
+    def read_all(self) -> None:
+        return None
+
+
+def _broken(*_: object, **__: object) -> None:
+    raise OSError("Operation not permitted")
+
+
+@pytest.mark.parametrize("broken, words", [
+    ("ipvsproxy.kernel.ipset.IPSets", "ipset is not usable: Operation not permitted"),
+    ("ipvsproxy.kernel.iptables.save", "iptables is not usable: Operation not permitted"),
+])
+def test_refuses_to_start_without_ipset_or_iptables(monkeypatch: pytest.MonkeyPatch,
+                                                    broken: str, words: str) -> None:
+    from ipvsproxy.cli import CliError
+    from ipvsproxy.commands.run import preflight
+
+    monkeypatch.setattr("ipvsproxy.kernel.ipvs.IpvsClient", _Usable)
+    monkeypatch.setattr("ipvsproxy.kernel.ipset.IPSets", _Usable)
+    monkeypatch.setattr("ipvsproxy.kernel.iptables.save", lambda family: "")
+    monkeypatch.setattr(broken, _broken)
+    with pytest.raises(CliError, match=words):
+        preflight()
