@@ -20,7 +20,6 @@ import json
 import random
 import re
 import time
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,11 +29,9 @@ import yaml
 from tests.apiserver import ApiServer
 from tests.kernel import forked
 from tests.kernel.conftest import SCHEDULER_MODULES, sh
+from tests.kernel.test_daemon import HEALTHZ, METRICS, NODE_OBJ, metrics_or_empty
+from tests.kernel.test_traffic import FLAGS
 
-METRICS = "127.0.0.1:10249"
-FLAGS = ["--hostname-override", "node-a", "--cluster-cidr", "10.244.0.0/16", "--ip-families", "4"]
-NODE = {"kind": "Node", "apiVersion": "v1", "metadata": {"name": "node-a"},
-        "status": {"addresses": [{"type": "InternalIP", "address": "192.168.1.10"}]}}
 NODE_IF = "ipvsp-chaos"
 SCHEDULERS = ["rr", "wrr", "lc", "wlc", "sh", "mh", "dh", "sed", "nq"]
 FOREIGN_NET = "198.51.100"  # foreign virtual servers: never one of the cluster's addresses
@@ -141,7 +138,7 @@ class Daemon:
         self.proc = forked.start(
             ["--log-format", "json", "run", "--kubeconfig", str(self.kubeconfig), *FLAGS,
              "--ipvs-sync-period", f"{self.sync_period}s", "--ipvs-min-sync-period", "0.5s",
-             "--healthz-bind-address", "127.0.0.1:10256", "--metrics-bind-address", METRICS,
+             "--healthz-bind-address", HEALTHZ, "--metrics-bind-address", METRICS,
              "--service-metrics", "false"],
             self.log(self.lives))
 
@@ -149,13 +146,7 @@ class Daemon:
         return self.tmp / f"daemon-{life}.log"
 
     def drift_repaired(self) -> float:
-        try:
-            with urllib.request.urlopen(f"http://{METRICS}/metrics", timeout=10) as r:
-                text = r.read().decode()
-        except OSError:
-            return 0.0
-        m = re.search(r"^ipvsproxy_drift_repaired_total (\S+)$", text, re.M)
-        return float(m.group(1)) if m else 0.0
+        return metrics_or_empty().get("ipvsproxy_drift_repaired_total", 0.0)
 
     def kill(self) -> None:
         assert self.proc is not None
@@ -172,23 +163,11 @@ class Daemon:
 
 # ------------------------------------------------------------------------------ the faults
 
-def our_virtual_servers() -> list[str]:
-    """`-t VIP:PORT` / `-u ...` of every virtual server that is not foreign."""
-    out = []
-    for line in sh("ipvsadm -Sn").splitlines():
-        f = line.split()
-        if f[:1] == ["-A"] and not f[2].startswith(FOREIGN_NET):
-            out.append(f"{f[1]} {f[2]}")
-    return out
-
-
-def real_servers() -> list[tuple[str, str, str]]:
-    out = []
-    for line in sh("ipvsadm -Sn").splitlines():
-        f = line.split()
-        if f[:1] == ["-a"] and not f[2].startswith(FOREIGN_NET):
-            out.append((f"{f[1]} {f[2]}", f[4], f[5]))  # service, real server, method
-    return out
+def ours(command: str) -> list[list[str]]:
+    """The `ipvsadm -Sn` lines of one command (-A: virtual servers, -a: real servers) that are
+    not foreign, split into words: -a -t VIP:PORT -r RIP:PORT -m -w 1."""
+    return [f for f in map(str.split, sh("ipvsadm -Sn").splitlines())
+            if f[:1] == [command] and not f[2].startswith(FOREIGN_NET)]
 
 
 def foreign_state(n: int) -> str:
@@ -213,14 +192,15 @@ def fault(kind: str, api: ApiServer, daemon: Daemon, rng: random.Random,
     elif kind == "daemon_kill":
         daemon.kill()
         daemon.start()
-    elif kind == "ipvs_del_service" and (vs := our_virtual_servers()):
-        sh(f"ipvsadm -D {rng.choice(vs)}", check=False)
-    elif kind == "ipvs_del_dest" and (rs := real_servers()):
-        svc, dest, _ = rng.choice(rs)
-        sh(f"ipvsadm -d {svc} -r {dest}", check=False)
-    elif kind == "ipvs_edit_dest" and (rs := real_servers()):
-        svc, dest, method = rng.choice(rs)
-        sh(f"ipvsadm -e {svc} -r {dest} {method} -w 77", check=False)
+    elif kind == "ipvs_del_service" and (vs := ours("-A")):
+        _, proto, vip, *_ = rng.choice(vs)
+        sh(f"ipvsadm -D {proto} {vip}", check=False)
+    elif kind == "ipvs_del_dest" and (rs := ours("-a")):
+        _, proto, vip, _, rip, *_ = rng.choice(rs)
+        sh(f"ipvsadm -d {proto} {vip} -r {rip}", check=False)
+    elif kind == "ipvs_edit_dest" and (rs := ours("-a")):
+        _, proto, vip, _, rip, method, *_ = rng.choice(rs)
+        sh(f"ipvsadm -e {proto} {vip} -r {rip} {method} -w 77", check=False)
     elif kind == "ipset_del":
         members = sh("ipset list KUBE-CLUSTER-IP 2>/dev/null | sed '1,/Members:/d'",
                      check=False).split()
@@ -284,7 +264,7 @@ def run(tmp: Path, services: int = 500, changes: int = 2000, fault_every: int = 
        f"&& ip link set {NODE_IF} up")
     api = ApiServer()
     api.start()
-    api.put(NODE)
+    api.put(NODE_OBJ)
     model: dict[int, dict[str, Any]] = {}
     for i in range(services // 2):  # half exist when the daemon starts
         model[i] = random_service(i, rng)
