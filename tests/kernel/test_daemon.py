@@ -146,9 +146,10 @@ def stop_daemon(d: Daemon) -> int:
 
 
 def ipvs_dests(vip: str) -> dict[str, tuple[int, int]]:
-    """Real servers of a TCP virtual server: address -> (weight, active connections)."""
+    """Real servers of a TCP virtual server: address -> (weight, active connections); none
+    while the virtual server does not exist."""
     out: dict[str, tuple[int, int]] = {}
-    for line in sh(f"ipvsadm -Ln -t {vip}").splitlines():
+    for line in sh(f"ipvsadm -Ln -t {vip}", check=False).splitlines():
         f = line.split()
         if f and f[0] == "->" and f[1][0].isdigit():
             out[f[1]] = (int(f[3]), int(f[4]))
@@ -200,7 +201,10 @@ def test_a_new_service_appears(cluster: tuple[ApiServer, Path, Path], daemon: Da
     api = cluster[0]
     api.put(service("web2", "10.96.0.20", HTTP80))
     api.put(slice_("web2-1", "web2", ["pod2"], HTTP))
-    wait_for("web2 in IPVS", lambda: "10.96.0.20:80" in sh("ipvsadm -Ln"))
+    # the Service and its EndpointSlice come on two watches, maybe in two syncs: wait for the
+    # real server, not only the virtual server (without one, a connection is refused)
+    wait_for("web2's real server in IPVS",
+             lambda: "10.244.1.12:8080" in ipvs_dests("10.96.0.20:80"))
     wait_for("web2 reachable", lambda: who("http://10.96.0.20", ns="pod1")[0] == "pod2")
 
 
@@ -346,7 +350,8 @@ def test_api_server_away_the_dataplane_stays_and_the_daemon_catches_up(
         api.start()
     print(f"API server away for {time.monotonic() - t0:.0f} s")
     # the watches come back (capped backoff, 30 s at most) and the change is programmed
-    wait_for("the change made during the outage", lambda: "10.96.0.30:80" in sh("ipvsadm -Ln"),
+    wait_for("the change made during the outage",
+             lambda: "10.244.1.13:8080" in ipvs_dests("10.96.0.30:80"),
              90, daemon)
     assert who("http://10.96.0.30", ns="client")[0] == "pod3"
     assert "Traceback" not in daemon.text()
