@@ -10,18 +10,21 @@ of outside traffic to externalTrafficPolicy=Local services without local endpoin
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network
 
 from ipvsproxy.config import Config
 from ipvsproxy.core import tables as T
 from ipvsproxy.core.cluster import Snapshot
-from ipvsproxy.core.endpoints import Categorized, categorize, port_endpoints
+from ipvsproxy.core.endpoints import Categorized, Ep, categorize, port_endpoints
 from ipvsproxy.core.ipset_text import (
     Family,
     SetSpec,
     SetType,
+    capacity,
     ip_entry,
     ip_port_entry,
     ip_port_ip_entry,
@@ -130,12 +133,14 @@ def family_rules(family: int, cfg: Config, nonempty: frozenset[str],
         out_filter=tuple(sorted(set(out_filter), key=lambda f: (int(f[0]), f[1], f[2])))))
 
 
-def set_specs(family: int) -> list[SetSpec]:
+def set_specs(family: int, sets: Mapping[str, frozenset[str]] | None = None) -> list[SetSpec]:
+    """The sets of one family, each sized (maxelem) for the members `sets` gives it."""
     fam = Family.INET if family == 4 else Family.INET6
-    specs = [SetSpec(d.name_for(family), SetType(d.type), fam) for d in T.IPSETS]
-    specs += [SetSpec(T.family_name(d.name, family), SetType(d.type), fam)
-              for d in T.OWN_IPSETS]
-    return specs
+    names = [d.name_for(family) for d in T.IPSETS]
+    names += [T.family_name(d.name, family) for d in T.OWN_IPSETS]
+    types = [SetType(d.type) for d in (*T.IPSETS, *T.OWN_IPSETS)]
+    return [SetSpec(n, t, fam, maxelem=capacity(len((sets or {}).get(n, ()))))
+            for n, t in zip(names, types, strict=True)]
 
 
 def node_ips(host: HostFacts, cfg: Config, primary: Sequence[IPAddress],
@@ -225,6 +230,8 @@ class _Builder:
             flags |= SVC_F_PERSISTENT
         ranges = [r for r in svc.lb_source_ranges if r.version == self.family]
         owner = f"{svc.namespace}/{svc.name}:{sp.name}" if sp.name else svc.key
+        last_eps: tuple[Ep, ...] | None = None
+        last_rs: tuple[RealServer, ...] = ()
         for fe in frontends(svc, sp, self.family, self.nodeips, self.local_addrs):
             key = ServiceKey.inet(PROTO[sp.protocol.value], fe.addr, fe.port)
             if key in self.services:
@@ -249,9 +256,9 @@ class _Builder:
             self.owners[key] = owner
             self.claims[key] = svc.key
             self.acc.keys.append(key)
-            self.dests[key] = tuple(sorted(
-                (RealServer(DestKey(e.addr, e.port), Fwd.MASQ, e.weight) for e in eps),
-                key=lambda r: r.key))
+            if eps is not last_eps:  # a port's frontends mostly share one endpoint list
+                last_eps, last_rs = eps, _real_servers(eps)
+            self.dests[key] = last_rs
             add(T.OWNED, entry)
             if fe.bind:
                 self.bound.add(fe.addr)
@@ -304,7 +311,35 @@ def sysctls(cfg: Config, host: HostFacts) -> tuple[tuple[str, str], ...]:
     return tuple(out)
 
 
+def _real_servers(eps: Sequence[Ep]) -> tuple[RealServer, ...]:
+    # sorted by (address, port) as DestKey orders them; int() keys, as ipaddress's __lt__ is
+    # slow (within one virtual server every address is of one family)
+    return tuple(RealServer(DestKey(e.addr, e.port), Fwd.MASQ, e.weight)
+                 for e in sorted(eps, key=lambda e: (int(e.addr), e.port)))
+
+
+@contextmanager
+def _gc_paused() -> Iterator[None]:
+    """The cyclic garbage collector off for a while. compute_desired allocates about a million
+    objects at 10,000 services (tuples, frozen values) and none of them forms a cycle, so the
+    collector, which runs every 700 allocations and rescans the whole heap in its older
+    generations, finds nothing and costs half the time (measured: 2.3 s -> 1.2 s). Reference
+    counting still frees everything as usual."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
 def compute_desired(snap: Snapshot, host: HostFacts, cfg: Config) -> Desired:
+    with _gc_paused():
+        return _compute_desired(snap, host, cfg)
+
+
+def _compute_desired(snap: Snapshot, host: HostFacts, cfg: Config) -> Desired:
     node = snap.node
     zone = node.zone if node else ""
     by_svc = snap.slices_by_service()
@@ -338,7 +373,7 @@ def compute_desired(snap: Snapshot, host: HostFacts, cfg: Config) -> Desired:
         owners.update(b.owners)
         bound |= b.bound
         sets.update(fam_sets)
-        specs.extend(set_specs(family))
+        specs.extend(set_specs(family, fam_sets))
         rules[family] = fam_rules
         problems.extend(b.problems)
     timeouts = None

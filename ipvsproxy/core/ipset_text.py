@@ -31,6 +31,11 @@ MAX_NAME_LEN = 31  # IPSET_MAXNAMELEN is 32 with the trailing NUL
 MAX_COMMENT_LEN = 255  # IPSET_MAX_COMMENT_SIZE
 MIN_HASHSIZE = 64  # the kernel raises smaller hash sizes to this, then rounds to a power of 2
 PROTOCOLS = frozenset({"tcp", "udp", "sctp"})  # the only protocols kube-proxy puts in sets
+# kube-proxy creates every set with maxelem 65536 (pkg/proxy/ipvs/ipset.go), and a cluster with
+# more ClusterIP:port pairs than that fails to sync ("Hash is full, cannot add more elements").
+# We keep 65536 as the floor (a set kube-proxy made is taken over as it is) and size larger sets
+# from the desired state, see capacity().
+DEFAULT_MAXELEM = 65536
 
 
 class SetType(StrEnum):
@@ -67,7 +72,7 @@ class SetSpec:
     type: SetType
     family: Family | None = Family.INET
     hashsize: int = 1024
-    maxelem: int = 65536
+    maxelem: int = DEFAULT_MAXELEM
     port_range: tuple[int, int] = (0, 65535)
     comment: bool = False  # the per-entry comment extension
 
@@ -116,6 +121,15 @@ def check_name(name: str) -> str:
             or any(c in name for c in " \"'"):
         raise InvalidSpec(f"bad ipset name {name!r} (1-{MAX_NAME_LEN} printable characters)")
     return name
+
+
+def capacity(members: int) -> int:
+    """The maxelem to create a hash set with for `members` entries: kube-proxy's 65536 up to
+    half of it, past that the power of two at least twice the count. The headroom means a set
+    that has just been resized takes years of ordinary growth, not one more Service, before it
+    needs resizing again (a resize refills the whole set)."""
+    return max(DEFAULT_MAXELEM, 1 << (2 * members - 1).bit_length()) if members > 0 \
+        else DEFAULT_MAXELEM
 
 
 def temp_name(name: str) -> str:

@@ -16,7 +16,7 @@ from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network, ip_add
 
 from ipvsproxy.core import tables as T
 from ipvsproxy.core.desired import KUBE_IPVS0, Desired
-from ipvsproxy.core.ipset_text import SetSpec, ip_port_entry, render_create
+from ipvsproxy.core.ipset_text import SetSpec, ip_port_entry, render_create, temp_name
 from ipvsproxy.core.ipvs import (
     SVC_F_HASHED,
     DestKey,
@@ -90,6 +90,22 @@ class SetMembers:
 
 
 @dataclass(frozen=True, slots=True)
+class ResizeSet:
+    """A set too small (maxelem) for its members, replaced by one of `spec`'s size holding
+    exactly `entries`: filled as a scratch set, then swapped in (`ipset swap`), so rules that
+    match it never see it half-filled. The kernel cannot change a set's maxelem in place."""
+
+    spec: SetSpec
+    entries: tuple[str, ...]
+
+    def lines(self) -> list[str]:
+        tmp = temp_name(self.spec.name)
+        return [f"ipset {render_create(self.spec.renamed(tmp))}",
+                *(f"ipset add {tmp} {e}" for e in self.entries),
+                f"ipset swap {tmp} {self.spec.name}", f"ipset destroy {tmp}"]
+
+
+@dataclass(frozen=True, slots=True)
 class Iptables:
     """One iptables-restore --noflush payload for one family: rewritten chains, missing jumps."""
 
@@ -128,7 +144,8 @@ class SetTimeouts:
         return [f"ipvsadm --set {t.tcp} {t.tcp_fin} {t.udp}"]
 
 
-Step = Sysctl | CreateLink | CreateSet | SetMembers | Iptables | Ipvs | Address | SetTimeouts
+Step = (Sysctl | CreateLink | CreateSet | SetMembers | ResizeSet | Iptables | Ipvs | Address
+        | SetTimeouts)
 
 
 def step_kind(step: Step) -> str:
@@ -140,6 +157,7 @@ def step_kind(step: Step) -> str:
     if isinstance(step, Address):
         return "address_add" if step.add else "address_del"
     return {Sysctl: "sysctl", CreateLink: "link_add", CreateSet: "ipset_create",
+            ResizeSet: "ipset_resize",
             Iptables: "iptables_restore", SetTimeouts: "ipvs_set_timeouts"}[type(step)]
 
 
@@ -160,6 +178,10 @@ class Plan:
     draining: tuple[tuple[ServiceKey, DestKey], ...] = ()
     # desired virtual servers someone else already holds in the kernel: left alone
     foreign: tuple[ServiceKey, ...] = ()
+    # the sets as the kernel holds them once the plan is applied (sizes differ from the desired
+    # specs where an existing set is larger than needed): what later restore scripts must name;
+    # derived, so not part of a plan's equality
+    specs: tuple[SetSpec, ...] = field(default=(), compare=False)
 
     def lines(self) -> list[str]:
         return [line for s in self.steps for line in s.lines()]
@@ -309,18 +331,29 @@ def diff(des: Desired, obs: Observed, exclude: Sequence[IPNetwork] = (),
             continue  # --ipvs-exclude-cidrs: never deleted
         ipvs_del.append(Ipvs(IpvsOp(OpKind.DEL_SERVICE, obs.services[key].service)))
 
-    # Set members: adds early (before what uses them), removals last.
+    # Set members: adds early (before what uses them), removals last. A set too small for its
+    # members is resized (filled whole, then swapped in) instead; one that is large enough keeps
+    # its size, and the restore scripts name it as the kernel has it (`create ... -exist` fails
+    # when maxelem differs; the kernel ignores hashsize there, ip_set_hash_gen.h same_set).
     adds: list[Step] = []
     dels: list[Step] = []
+    effective = dict(specs)
     for name, members in want_sets.items():
         members.discard("")
         present = obs.sets.get(name, frozenset())
+        have = obs.specs.get(name)
+        if have is not None and name in obs.sets and (have.type, have.family) == (
+                specs[name].type, specs[name].family):
+            if have.is_hash and len(members) > have.maxelem:
+                adds.append(ResizeSet(specs[name], tuple(sorted(members))))
+                continue
+            effective[name] = have
         plus = sorted(members - present)
         minus = sorted(present - members)
         if plus:
-            adds.append(SetMembers(specs[name], True, tuple(plus)))
+            adds.append(SetMembers(effective[name], True, tuple(plus)))
         if minus:
-            dels.append(SetMembers(specs[name], False, tuple(minus)))
+            dels.append(SetMembers(effective[name], False, tuple(minus)))
 
     # Addresses: ours are those kube-ipvs0 has and KUBE-IPVS-IPS lists.
     listed: set[IPAddress] = set()
@@ -339,7 +372,8 @@ def diff(des: Desired, obs: Observed, exclude: Sequence[IPNetwork] = (),
         if t != cur_t:
             late.append(SetTimeouts(t))
     steps = [*early, *adds, *unbind, *ipvs_add, *ipvs_del, *bind, *dels, *late]
-    return Plan(tuple(steps), tuple(problems), tuple(draining), tuple(foreign))
+    return Plan(tuple(steps), tuple(problems), tuple(draining), tuple(foreign),
+                tuple(effective[s.name] for s in des.specs))
 
 
 def _akey(a: IPAddress) -> tuple[int, int]:

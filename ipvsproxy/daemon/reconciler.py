@@ -188,7 +188,7 @@ class Reconciler:
         failures = self.kernel.apply(plan)
         self._track_draining(plan, None)
         self.foreign = set(plan.foreign)
-        self.applied = Applied.from_full(des)
+        self.applied = Applied.from_full(des, plan.specs)
         self._published = None
         self._report(des.problems + plan.problems)
         result = SyncResult("full", step_counts(plan.steps), failures)

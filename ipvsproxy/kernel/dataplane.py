@@ -24,6 +24,7 @@ from ipvsproxy.core.plan import (
     Ipvs,
     Observed,
     Plan,
+    ResizeSet,
     SetMembers,
     SetTimeouts,
     Step,
@@ -185,6 +186,9 @@ def _apply_one(step: Step, ipvs: IpvsClient | None) -> None:
     elif isinstance(step, CreateSet):
         with IPSets() as ipsets:
             ipsets.create(step.spec, exist_ok=True)
+    elif isinstance(step, ResizeSet):
+        with IPSets() as ipsets:
+            ipsets.replace(step.spec, step.entries)
     elif isinstance(step, Iptables):
         iptables.restore(step.family, step.payload)
     elif isinstance(step, SetTimeouts):
