@@ -42,9 +42,11 @@ test: setup lint types
 demo: setup
 	$(PY) -m integration.vm.lab -- bash integration/vm/demo.sh
 
-# Benchmarks (not tests): ipvsproxy next to the C tools in one lab run; JSON in bench/results/.
+# Benchmarks (not tests): the host-only figures on the host (desired state, watch throughput),
+# then ipvsproxy next to the C tools in one lab run; JSON in bench/results/.
 bench: setup
 	@mkdir -p bench/results
+	$(PY) -m bench.host_bench $(HOST_BENCH_ARGS)
 	$(PY) -m integration.vm.lab --timeout 3000 --rwdir bench/results -- \
 		'python -m bench.kernel_bench $(BENCH_ARGS)'
 

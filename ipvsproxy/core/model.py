@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network, ip_address, ip_network
-from typing import Any
+from typing import Any, NamedTuple
 
 IPAddress = IPv4Address | IPv6Address
 IPNetwork = IPv4Network | IPv6Network
@@ -79,8 +79,10 @@ class Service:
         return f"{self.namespace}/{self.name}"
 
 
-@dataclass(frozen=True, slots=True)
-class Endpoint:
+class Endpoint(NamedTuple):
+    """One endpoint of a slice (a NamedTuple: a watch stream builds ten of these per event,
+    at a third of a frozen dataclass's cost)."""
+
     addr: IPAddress
     ready: bool
     serving: bool
@@ -123,7 +125,7 @@ class Node:
 
 def _meta(obj: Mapping[str, Any]) -> tuple[str, str, Mapping[str, Any]]:
     meta = obj.get("metadata")
-    if not isinstance(meta, Mapping):
+    if not isinstance(meta, _MAP):
         meta = {}
     ns = meta.get("namespace")
     name = meta.get("name")
@@ -131,7 +133,7 @@ def _meta(obj: Mapping[str, Any]) -> tuple[str, str, Mapping[str, Any]]:
 
 
 def _str_map(v: Any) -> dict[str, str]:
-    if not isinstance(v, Mapping):
+    if not isinstance(v, _MAP):
         return {}
     return {k: x for k, x in v.items() if isinstance(k, str) and isinstance(x, str)}
 
@@ -142,15 +144,32 @@ def _port(v: Any) -> int | None:
     return v
 
 
+# isinstance(x, Mapping) goes through the ABC machinery (~0.5 us); JSON gives dicts, so
+# dict is tried first and Mapping only for anything else.
+_MAP = (dict, Mapping)
+
+# Parsed addresses by their text. A watch stream repeats the same pod and service addresses
+# over and over (an EndpointSlice update resends every endpoint), and ipaddress parsing is
+# most of what parsing an EndpointSlice costs (~12 us an address). Bounded: cleared when full.
+_IPS: dict[str, IPAddress] = {}
+_IPS_MAX = 1 << 18
+
+
 def _ip(v: Any) -> IPAddress | None:
     if not isinstance(v, str):
         return None
+    a = _IPS.get(v)
+    if a is not None:
+        return a
     try:
         a = ip_address(v)
     except ValueError:
         return None
     if isinstance(a, IPv6Address) and a.ipv4_mapped is not None:
         return None  # kube-proxy's IP parsing rejects IPv4-mapped IPv6 for services
+    if len(_IPS) >= _IPS_MAX:
+        _IPS.clear()
+    _IPS[v] = a
     return a
 
 
@@ -203,7 +222,7 @@ def parse_service(obj: Mapping[str, Any]) -> tuple[Service | None, list[Problem]
     if LABEL_PROXY_NAME in labels or LABEL_HEADLESS in labels:
         return None, []  # not ours (kube-proxy's informer label selector drops these)
     spec = obj.get("spec")
-    if not isinstance(spec, Mapping):
+    if not isinstance(spec, _MAP):
         return None, [bad("spec is missing or not an object")]
     stype = spec.get("type", "ClusterIP")
     if stype == "ExternalName":
@@ -225,7 +244,7 @@ def parse_service(obj: Mapping[str, Any]) -> tuple[Service | None, list[Problem]
     ports: list[ServicePort] = []
     seen: set[tuple[str, Proto]] = set()
     for i, p in enumerate(_list(spec.get("ports"))):
-        if not isinstance(p, Mapping):
+        if not isinstance(p, _MAP):
             problems.append(bad(f"spec.ports[{i}] is not an object; ignored"))
             continue
         pname = p.get("name", "") if isinstance(p.get("name", ""), str) else None
@@ -260,10 +279,10 @@ def parse_service(obj: Mapping[str, Any]) -> tuple[Service | None, list[Problem]
     hc = 0
     if stype == "LoadBalancer":
         status = obj.get("status")
-        lbs = status.get("loadBalancer") if isinstance(status, Mapping) else None
-        ingress = lbs.get("ingress") if isinstance(lbs, Mapping) else None
+        lbs = status.get("loadBalancer") if isinstance(status, _MAP) else None
+        ingress = lbs.get("ingress") if isinstance(lbs, _MAP) else None
         for ing in _list(ingress):
-            if not isinstance(ing, Mapping) or "ip" not in ing:
+            if not isinstance(ing, _MAP) or "ip" not in ing:
                 continue  # hostname-only ingress is ignored
             if ing.get("ipMode") == "Proxy":
                 continue
@@ -287,8 +306,8 @@ def parse_service(obj: Mapping[str, Any]) -> tuple[Service | None, list[Problem]
     timeout = 0
     if spec.get("sessionAffinity") == "ClientIP":
         cfg = spec.get("sessionAffinityConfig")
-        cip = cfg.get("clientIP") if isinstance(cfg, Mapping) else None
-        t = cip.get("timeoutSeconds", 10800) if isinstance(cip, Mapping) else 10800
+        cip = cfg.get("clientIP") if isinstance(cfg, _MAP) else None
+        t = cip.get("timeoutSeconds", 10800) if isinstance(cip, _MAP) else 10800
         if isinstance(t, bool) or not isinstance(t, int) or not 1 <= t <= 86400:
             problems.append(bad(f"sessionAffinityConfig timeoutSeconds {t!r} is invalid; "
                                 "using 10800"))
@@ -325,7 +344,7 @@ def parse_endpoint_slice(obj: Mapping[str, Any]) -> tuple[EndpointSlice | None, 
     family = 4 if at == "IPv4" else 6
     ports: list[SlicePort] = []
     for i, p in enumerate(_list(obj.get("ports"))):
-        if not isinstance(p, Mapping):
+        if not isinstance(p, _MAP):
             problems.append(bad(f"ports[{i}] is not an object; ignored"))
             continue
         pname = p.get("name") or ""
@@ -340,7 +359,7 @@ def parse_endpoint_slice(obj: Mapping[str, Any]) -> tuple[EndpointSlice | None, 
         ports.append(SlicePort(pname, Proto(proto), port))
     eps: list[Endpoint] = []
     for i, e in enumerate(_list(obj.get("endpoints"))):
-        if not isinstance(e, Mapping):
+        if not isinstance(e, _MAP):
             problems.append(bad(f"endpoints[{i}] is not an object; ignored"))
             continue
         addrs = _list(e.get("addresses"))
@@ -350,20 +369,22 @@ def parse_endpoint_slice(obj: Mapping[str, Any]) -> tuple[EndpointSlice | None, 
                                 f"IPv{family} address; ignored"))
             continue
         cond = e.get("conditions")
-        cond = cond if isinstance(cond, Mapping) else {}
+        cond = cond if isinstance(cond, _MAP) else {}
         hints = e.get("hints")
         zones: frozenset[str] = frozenset()
         has_hints = False
-        if isinstance(hints, Mapping) and isinstance(hints.get("forZones"), list):
+        if isinstance(hints, _MAP) and isinstance(hints.get("forZones"), list):
             # endpointslicecache.go: an empty forZones list is no hint at all
             has_hints = bool(hints["forZones"])
             zones = frozenset(z["name"] for z in hints["forZones"]
-                              if isinstance(z, Mapping) and isinstance(z.get("name"), str))
+                              if isinstance(z, _MAP) and isinstance(z.get("name"), str))
         node = e.get("nodeName")
-        eps.append(Endpoint(a, _bool_or(cond.get("ready"), True),
-                            _bool_or(cond.get("serving"), True),
-                            _bool_or(cond.get("terminating"), False),
-                            node if isinstance(node, str) else "", zones, has_hints))
+        # _bool_or inlined: this loop runs once per endpoint of every watch event
+        ready, serving, term = cond.get("ready"), cond.get("serving"), cond.get("terminating")
+        eps.append(Endpoint(a, ready if ready.__class__ is bool else True,
+                            serving if serving.__class__ is bool else True,
+                            term if term.__class__ is bool else False,
+                            node if node.__class__ is str else "", zones, has_hints))
     ann = _str_map(meta.get("annotations"))
     weight = 1
     if ANN_WEIGHT in ann:
@@ -386,15 +407,15 @@ def parse_node(obj: Mapping[str, Any]) -> tuple[Node | None, list[Problem]]:
     addrs: list[IPAddress] = []
     # InternalIPs first, then ExternalIPs, as GetNodeHostIPs orders them: the first address
     # of a family is the node's primary IP of that family.
-    raw = _list(status.get("addresses") if isinstance(status, Mapping) else None)
+    raw = _list(status.get("addresses") if isinstance(status, _MAP) else None)
     for kind in ("InternalIP", "ExternalIP"):
         for a in raw:
-            if isinstance(a, Mapping) and a.get("type") == kind:
+            if isinstance(a, _MAP) and a.get("type") == kind:
                 ip = _ip(a.get("address"))
                 if ip is not None and ip not in addrs:
                     addrs.append(ip)
     spec = obj.get("spec")
-    taints = _list(spec.get("taints")) if isinstance(spec, Mapping) else []
+    taints = _list(spec.get("taints")) if isinstance(spec, _MAP) else []
     deleting = bool(meta.get("deletionTimestamp")) or any(
-        isinstance(t, Mapping) and t.get("key") == TAINT_TO_BE_DELETED for t in taints)
+        isinstance(t, _MAP) and t.get("key") == TAINT_TO_BE_DELETED for t in taints)
     return Node(name, labels.get(LABEL_ZONE, ""), tuple(addrs), deleting, labels), []

@@ -1,0 +1,168 @@
+"""Host-only benchmarks (issue 8): the figures that involve no kernel, measured on the host.
+
+- Desired state: `compute_desired` over a generated cluster (bench/cluster_gen.py), 10,000
+  services x 10 endpoints (target <= 1 s) and 50,000 (linear growth: cost per service at 50k
+  over cost per service at 10k). Parsing the objects into the store's values is reported too;
+  the daemon does it once per object as it arrives, not per sync.
+- Watch throughput: EndpointSlice MODIFIED events per second from a real WATCH (the test API
+  server, tests/apiserver.py, in a process of its own, over loopback HTTP) through the official
+  client, the reflector and into the store (target >= 20,000/s).
+
+    python -m bench.host_bench [--services N] [--events N] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import platform
+import sys
+import threading
+import time
+from ipaddress import ip_address, ip_network
+from pathlib import Path
+from typing import Any
+
+from bench.cluster_gen import CLUSTER_CIDR, NODE, NODE_IP, endpoint_slice, generate
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def desired_seconds(n: int, m: int, repeat: int) -> tuple[float, float, int]:
+    """(best compute_desired time, parse time, virtual servers) for n services x m endpoints."""
+    from ipvsproxy.config import Config
+    from ipvsproxy.core.cluster import build_snapshot
+    from ipvsproxy.core.desired import HostFacts, compute_desired
+
+    docs = generate(n, m)
+    t0 = time.perf_counter()
+    snap = build_snapshot(docs, NODE)
+    parse = time.perf_counter() - t0
+    del docs
+    cfg = Config(hostname=NODE, cluster_cidrs=(ip_network(CLUSTER_CIDR),))
+    host = HostFacts(addresses=(("eth0", ip_address(NODE_IP)),))
+    best = float("inf")
+    vs = 0
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        des = compute_desired(snap, host, cfg)
+        best = min(best, time.perf_counter() - t0)
+        assert not des.problems, des.problems[:3]
+        vs = len(des.services)
+        del des
+    return best, parse, vs
+
+
+def _serve(conn: Any, n: int, events: int) -> None:
+    """The API server's process: n EndpointSlices loaded, then `events` modifications recorded
+    (before anyone watches), then serve until told to stop."""
+    from tests.apiserver import ApiServer
+
+    api = ApiServer()
+    docs = generate(n, 10)
+    slices = [d for d in docs if d["kind"] == "EndpointSlice"]
+    services = [d for d in docs if d["kind"] == "Service"]
+    api.load(slices)
+    rv0 = api.resource_version
+    for k in range(events):
+        i = k % n
+        api.put(endpoint_slice(i, services[i], 10, version=k // n + 1))
+    api.start()
+    conn.send((api.url, rv0, slices))
+    conn.recv()  # done
+    api.stop()
+
+
+def watch_events_per_second(n: int, events: int) -> tuple[float, int]:
+    from kubernetes import client
+
+    from ipvsproxy.daemon.store import Store
+    from ipvsproxy.kube.listing import LABEL_SELECTOR
+    from ipvsproxy.kube.reflector import Reflector
+
+    parent, child = mp.get_context("fork").Pipe()
+    proc = mp.get_context("fork").Process(target=_serve, args=(child, n, events), daemon=True)
+    proc.start()
+    try:
+        url, rv0, slices = parent.recv()
+        for s in slices:
+            s["kind"] = "EndpointSlice"
+        store = Store(NODE)
+        store.replace("EndpointSlice", slices)  # what the LIST at rv0 would have given
+        before = store.endpoint_changes_total
+        cfg = client.Configuration()
+        cfg.host = url
+        api = client.DiscoveryV1Api(client.ApiClient(cfg))
+        stop = threading.Event()
+        r = Reflector("EndpointSlice", api.list_endpoint_slice_for_all_namespaces, store, stop,
+                      label_selector=LABEL_SELECTOR, min_watch_timeout=600,
+                      max_watch_timeout=601)
+        r.resource_version = rv0  # watch from rv0: the server replays every modification
+        t0 = time.perf_counter()
+        th = threading.Thread(target=r.run, daemon=True)
+        th.start()
+        deadline = t0 + 600
+        while store.endpoint_changes_total - before < events and time.perf_counter() < deadline:
+            time.sleep(0.005)
+        took = time.perf_counter() - t0
+        got = store.endpoint_changes_total - before
+        stop.set()
+        r.interrupt()
+        parent.send("done")
+        return got / took, got
+    finally:
+        proc.join(10)
+        if proc.is_alive():
+            proc.kill()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--services", type=int, default=10000)
+    ap.add_argument("--large", type=int, default=50000)
+    ap.add_argument("--endpoints", type=int, default=10)
+    ap.add_argument("--events", type=int, default=50000)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
+    args = ap.parse_args()
+    results: list[dict[str, Any]] = []
+
+    def row(figure: str, value: float, unit: str, target: str, met: bool | None,
+            note: str = "") -> None:
+        results.append({"figure": figure, "value": round(value, 3), "unit": unit,
+                        "target": target, "met": met, "note": note})
+        print(f"measured: {figure}: {value:.3f} {unit} {note}", flush=True)
+
+    n, big, m = args.services, args.large, args.endpoints
+    t_n, parse_n, vs_n = desired_seconds(n, m, args.repeat)
+    row(f"desired state {n} svc x {m} ep ({vs_n} VS)", t_n, "s", "<= 1.0", t_n <= 1.0)
+    row(f"parse {n} Services + EndpointSlices (once per object, not per sync)", parse_n, "s",
+        "-", None)
+    t_big, _, vs_big = desired_seconds(big, m, 1)
+    growth = (t_big / big) / (t_n / n)
+    row(f"desired state {big} svc x {m} ep ({vs_big} VS)", t_big, "s", "-", None)
+    row(f"desired state cost per service, {big} over {n}", growth, "x",
+        "linear (<= 1.25)", growth <= 1.25)
+    rate, got = watch_events_per_second(n, args.events)
+    row(f"watch: EndpointSlice events into the store ({got} events)", rate, "/s",
+        ">= 20000", rate >= 20000)
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    machine = f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, " \
+              f"Python {platform.python_version()}, kernel {platform.release()}"
+    doc = {"machine": machine, "results": results}
+    (out / f"host-{time.strftime('%Y%m%dT%H%M%S')}.json").write_text(
+        json.dumps(doc, indent=2) + "\n")
+    print(f"\nhost benchmarks ({machine})\n")
+    print(f"{'figure':66} {'value':>12} {'target':>18}  met?")
+    for r in results:
+        met = "-" if r["met"] is None else "yes" if r["met"] else "NO"
+        print(f"{r['figure']:66} {r['value']:>10.3f}{r['unit']:>2} {r['target']:>18}  {met}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
