@@ -6,7 +6,8 @@ PY := $(VENV)/bin/python
 PYTHON ?= python3
 CMD ?= uname -r; modprobe ip_vs && ipvsadm -Ln
 
-.PHONY: setup host-packages venv kernel lint types unit test demo lab bench chaos clean kind-e2e
+.PHONY: setup host-packages venv kernel lint types unit test demo lab bench chaos capacity clean \
+	kind-e2e
 
 setup: host-packages venv kernel
 
@@ -55,6 +56,12 @@ bench: setup
 chaos: setup
 	$(PY) -m integration.vm.lab --timeout 3000 -- \
 		'python -c "import sys; from tests.kernel.chaos import main; sys.exit(main())" $(CHAOS_ARGS)'
+
+# ipset capacity (issue 8) at full size: 70,000 ClusterIP:port pairs into kube-proxy's
+# maxelem-65536 KUBE-CLUSTER-IP (make test runs the same test at 2,000 pairs).
+capacity: setup
+	$(PY) -m integration.vm.lab --timeout 3000 -- \
+		'IPVSPROXY_CAPACITY_FULL=1 python -m pytest -s -rP tests/kernel/test_capacity.py'
 
 # Run any command inside the lab guest: make lab CMD='ipvsadm -Ln'
 lab: setup
