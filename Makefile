@@ -6,8 +6,7 @@ PY := $(VENV)/bin/python
 PYTHON ?= python3
 CMD ?= uname -r; modprobe ip_vs && ipvsadm -Ln
 
-.PHONY: setup host-packages venv kernel lint types unit test demo lab bench chaos capacity clean \
-	kind-e2e
+.PHONY: setup host-packages venv kernel lint types unit test demo lab bench chaos capacity clean kind-e2e
 
 setup: host-packages venv kernel
 
