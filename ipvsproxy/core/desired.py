@@ -136,11 +136,10 @@ def family_rules(family: int, cfg: Config, nonempty: frozenset[str],
 def set_specs(family: int, sets: Mapping[str, frozenset[str]] | None = None) -> list[SetSpec]:
     """The sets of one family, each sized (maxelem) for the members `sets` gives it."""
     fam = Family.INET if family == 4 else Family.INET6
-    names = [d.name_for(family) for d in T.IPSETS]
-    names += [T.family_name(d.name, family) for d in T.OWN_IPSETS]
-    types = [SetType(d.type) for d in (*T.IPSETS, *T.OWN_IPSETS)]
-    return [SetSpec(n, t, fam, maxelem=capacity(len((sets or {}).get(n, ()))))
-            for n, t in zip(names, types, strict=True)]
+    sizes = {n: len(m) for n, m in (sets or {}).items()}
+    return [SetSpec(d.name_for(family), SetType(d.type), fam,
+                    maxelem=capacity(sizes.get(d.name_for(family), 0)))
+            for d in T.ALL_IPSETS]
 
 
 def node_ips(host: HostFacts, cfg: Config, primary: Sequence[IPAddress],

@@ -128,8 +128,7 @@ def capacity(members: int) -> int:
     half of it, past that the power of two at least twice the count. The headroom means a set
     that has just been resized takes years of ordinary growth, not one more Service, before it
     needs resizing again (a resize refills the whole set)."""
-    return max(DEFAULT_MAXELEM, 1 << (2 * members - 1).bit_length()) if members > 0 \
-        else DEFAULT_MAXELEM
+    return max(DEFAULT_MAXELEM, 1 << (2 * members - 1).bit_length())
 
 
 def temp_name(name: str) -> str:
