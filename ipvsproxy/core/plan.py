@@ -5,6 +5,8 @@ what ipvsproxy owns: virtual servers recorded in its IPVSPROXY-OWNED-VS set, add
 kube-ipvs0 recorded in KUBE-IPVS-IPS, its own (kube-proxy's) sets and chains. Order is safe:
 sysctls, the link, sets, rules (masquerade and filters before any address is bound: upstream
 issue #133773), set members to add, unbinds, IPVS changes, binds, set members to remove, timeouts.
+The members, IPVS changes and binds of tables.FIRST_SERVICES (the API server, cluster DNS) come
+before all other members, in the same order, so a cold start makes them work first.
 Each step renders itself as the command an operator would type, for `sync --dry-run`.
 """
 
@@ -284,7 +286,7 @@ def diff(des: Desired, obs: Observed, exclude: Sequence[IPNetwork] = (),
         if e is not None and e in owned_members:
             owned.add(key)
     want_sets = {n: set(m) for n, m in des.sets.items()}
-    ipvs_add: list[Step] = []
+    ipvs_add: list[Ipvs] = []
     ipvs_del: list[Step] = []
     foreign: list[ServiceKey] = []
     for key, vs in des.services.items():
@@ -335,6 +337,8 @@ def diff(des: Desired, obs: Observed, exclude: Sequence[IPNetwork] = (),
     # members is resized (filled whole, then swapped in) instead; one that is large enough keeps
     # its size, and the restore scripts name it as the kernel has it (`create ... -exist` fails
     # when maxelem differs; the kernel ignores hashsize there, ip_set_hash_gen.h same_set).
+    first_keys, first_entries, first_addrs = _first(des)
+    first_adds: list[Step] = []
     adds: list[Step] = []
     dels: list[Step] = []
     effective = dict(specs)
@@ -350,6 +354,10 @@ def diff(des: Desired, obs: Observed, exclude: Sequence[IPNetwork] = (),
             effective[name] = have
         plus = sorted(members - present)
         minus = sorted(present - members)
+        early_plus = [e for e in plus if (name, e) in first_entries]
+        if early_plus:
+            first_adds.append(SetMembers(effective[name], True, tuple(early_plus)))
+            plus = [e for e in plus if (name, e) not in first_entries]
         if plus:
             adds.append(SetMembers(effective[name], True, tuple(plus)))
         if minus:
@@ -371,9 +379,31 @@ def diff(des: Desired, obs: Observed, exclude: Sequence[IPNetwork] = (),
                      des.timeouts.udp or cur_t.udp)
         if t != cur_t:
             late.append(SetTimeouts(t))
-    steps = [*early, *adds, *unbind, *ipvs_add, *ipvs_del, *bind, *dels, *late]
+    # FIRST_SERVICES go first: their members, virtual servers and addresses (same safe order)
+    first_ipvs = [s for s in ipvs_add if s.op.service and s.op.service.key in first_keys]
+    if first_ipvs:
+        ipvs_add = [s for s in ipvs_add if not (s.op.service and s.op.service.key in first_keys)]
+    first_bind = [b for b in bind if b.addr in first_addrs]
+    if first_bind:
+        bind = [b for b in bind if b.addr not in first_addrs]
+    steps = [*early, *first_adds, *first_ipvs, *first_bind, *adds, *unbind, *ipvs_add, *ipvs_del,
+             *bind, *dels, *late]
     return Plan(tuple(steps), tuple(problems), tuple(draining), tuple(foreign),
                 tuple(effective[s.name] for s in des.specs))
+
+
+def _first(des: Desired) -> tuple[set[ServiceKey], set[tuple[str, str]], set[IPAddress]]:
+    """The virtual servers, set members and addresses of T.FIRST_SERVICES."""
+    keys: set[ServiceKey] = set()
+    entries: set[tuple[str, str]] = set()
+    addrs: set[IPAddress] = set()
+    for sid in T.FIRST_SERVICES:
+        ix = des.index.get(sid)
+        if ix is not None:
+            keys.update(ix.keys)
+            entries.update(ix.entries)
+            addrs.update(ix.addresses)
+    return keys, entries, addrs
 
 
 def _akey(a: IPAddress) -> tuple[int, int]:

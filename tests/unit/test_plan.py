@@ -143,6 +143,41 @@ def test_every_change_in_one_plan_keeps_the_safe_order() -> None:
     assert got == sorted(got, key=ORDER.index) and set(got) == set(ORDER)
 
 
+def test_the_api_server_and_cluster_dns_are_programmed_before_all_other_services() -> None:
+    kube = [service("kubernetes", "10.96.0.1", port(443, "https")),
+            slice_("kubernetes", ep("192.168.1.10"), port=6443, port_name="https")]
+    kdns = [service("kube-dns", "10.96.0.10", port(53, "dns", "UDP"), ns="kube-system"),
+            slice_("kube-dns", ep("10.244.1.9", NODE), port=53, port_name="dns", proto="UDP",
+                   ns="kube-system")]
+    web = [service("web", "10.96.0.20", port(80)), slice_("web", ep("10.244.1.5"), port=8080)]
+    d = desired(*web, *kdns, *kube, cfg=CFG46)
+    plan = diff(d, Observed())
+    first = {"10.96.0.1", "10.96.0.10"}
+
+    def about(s: Any) -> set[str]:  # the service addresses a step programs
+        if isinstance(s, Ipvs) and s.op.service is not None:
+            return {str(s.op.service.key.addr)}
+        if isinstance(s, Address):
+            return {str(s.addr)}
+        if isinstance(s, SetMembers) and s.add and s.spec.name == T.CLUSTER_IP:
+            return {e.split(",")[0] for e in s.entries}
+        return set()
+
+    web_at = next(i for i, s in enumerate(plan.steps) if "10.96.0.20" in about(s))
+    head = plan.steps[:web_at]
+    assert set().union(*map(about, head)) == first
+    # still the safe order among them: members (ownership recorded), IPVS, then addresses
+    assert stages(Plan(head))[-4:] == ["Iptables", "SetMembers+", "Ipvs", "Address+"]
+    owned = next(s for s in head if isinstance(s, SetMembers) and s.spec.name == T.OWNED)
+    assert len(owned.entries) == 2
+    # the whole plan still does everything, once
+    def units(p: Plan) -> list[str]:
+        return sorted(f"{s.spec.name} {s.add} {e}" if isinstance(s, SetMembers) else str(s)
+                      for s in p.steps for e in (s.entries if isinstance(s, SetMembers) else ("",)))
+
+    assert units(plan) == units(diff(replace(d, index={}), Observed()))
+
+
 @pytest.mark.parametrize("docs", [WEB, RICH, []], ids=["web", "rich", "empty"])
 def test_nothing_to_do_when_the_kernel_already_matches(docs: list[Any]) -> None:
     d = desired(*docs, cfg=CFG46)
