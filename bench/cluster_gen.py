@@ -17,10 +17,13 @@ NODES = 50
 NODE = "node-0"  # the node the proxy runs on
 NODE_IP = "192.168.1.10"
 CLUSTER_CIDR = "10.128.0.0/9"  # every generated pod address is in it
+# default/kubernetes, as every cluster has it: the API server's ClusterIP and its endpoint
+# (kernel benches run a listener there, in a network namespace of its own)
+KUBERNETES_IP, API_IP, API_PORT = "10.96.0.1", "192.168.77.2", 6443
 
 
 def cluster_ip(i: int) -> str:
-    i += 1  # never 10.96.0.0
+    i += 2  # never 10.96.0.0, and 10.96.0.1 is default/kubernetes
     return f"10.{96 + (i >> 16)}.{(i >> 8) & 255}.{i & 255}"
 
 
@@ -81,10 +84,27 @@ def endpoint_slice(i: int, svc: dict[str, Any], m: int, version: int = 0) -> dic
             "ports": [{"name": "p", "port": 8080, "protocol": proto}], "endpoints": eps}
 
 
+def kubernetes() -> list[dict[str, Any]]:
+    """default/kubernetes and its EndpointSlice (the API server)."""
+    port = {"name": "https", "port": 443, "targetPort": API_PORT, "protocol": "TCP"}
+    return [{"kind": "Service", "apiVersion": "v1",
+             "metadata": {"namespace": "default", "name": "kubernetes",
+                          "resourceVersion": "900000"},
+             "spec": {"type": "ClusterIP", "clusterIP": KUBERNETES_IP,
+                      "clusterIPs": [KUBERNETES_IP], "ports": [port]}},
+            {"kind": "EndpointSlice", "apiVersion": "discovery.k8s.io/v1", "addressType": "IPv4",
+             "metadata": {"namespace": "default", "name": "kubernetes",
+                          "labels": {"kubernetes.io/service-name": "kubernetes"},
+                          "resourceVersion": "900001"},
+             "ports": [{"name": "https", "port": API_PORT, "protocol": "TCP"}],
+             "endpoints": [{"addresses": [API_IP], "conditions": {"ready": True}}]}]
+
+
 def generate(n: int, m: int, seed: int = 0) -> list[dict[str, Any]]:
-    """The Node this proxy runs on, then each Service followed by its one EndpointSlice."""
+    """The Node this proxy runs on, default/kubernetes, then each of the n Services followed by
+    its one EndpointSlice."""
     rng = random.Random(seed)
-    out: list[dict[str, Any]] = [node_obj()]
+    out: list[dict[str, Any]] = [node_obj(), *kubernetes()]
     node_ports = [0]
     for i in range(n):
         svc = service(i, rng, node_ports)

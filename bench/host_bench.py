@@ -63,7 +63,7 @@ def _serve(conn: Any, n: int, events: int) -> None:
     api = ApiServer()
     docs = generate(n, 10)
     slices = [d for d in docs if d["kind"] == "EndpointSlice"]
-    services = [d for d in docs if d["kind"] == "Service"]
+    services = [d for d in docs if d["kind"] == "Service" and d["metadata"]["name"] != "kubernetes"]
     api.load(slices)
     rv0 = api.resource_version
     for k in range(events):

@@ -5,6 +5,10 @@ doing the same kernel work in the same boot. Each timing is the best of `--repea
 and the C tool's taking turns.
 
     python -m bench.kernel_bench [--services 2000] [--dests 10] [--entries 50000]
+                                 [--cluster-services 10000] [--changes 200]
+
+The cluster-size figures (cold start, resync, one endpoint change, daemon memory) are
+bench/cluster_bench.py's.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import time
 from collections.abc import Callable
 from ipaddress import IPv4Address
 from pathlib import Path
+from typing import Any
 
 from ipvsproxy.core.ipvs import (
     DestKey,
@@ -99,6 +104,11 @@ def main() -> int:
     ap.add_argument("--entries", type=int, default=50000)
     ap.add_argument("--addresses", type=int, default=1000)
     ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--cluster-services", type=int, default=10000,
+                    help="the generated cluster of bench/cluster_bench.py (0: skip it)")
+    ap.add_argument("--cluster-dests", type=int, default=10)
+    ap.add_argument("--changes", type=int, default=200)
+    ap.add_argument("--cluster-repeat", type=int, default=1)
     ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
     args = ap.parse_args()
     sh("modprobe -a ip_vs ip_vs_rr")
@@ -106,14 +116,20 @@ def main() -> int:
     the_ops = ops(rs)
     text = restore_text(rs)
     n_ops = len(the_ops)
-    results = []
+    results: list[dict[str, Any]] = []
+    facts: list[dict[str, Any]] = []
 
-    def row(figure: str, ours: float, ref: float, ref_name: str, target: float) -> None:
+    def row(figure: str, ours: float, ref: float, ref_name: str, target: float,
+            unit: str = "s") -> None:
         ratio = ours / ref
-        results.append({"figure": figure, "ipvsproxy_s": round(ours, 3), "reference": ref_name,
-                        "reference_s": round(ref, 3), "ratio": round(ratio, 3),
+        results.append({"figure": figure, "ipvsproxy": round(ours, 3), "reference": ref_name,
+                        "reference_value": round(ref, 3), "unit": unit, "ratio": round(ratio, 3),
                         "target": target, "met": ratio <= target})
-        print(f"measured: {figure}: {ours:.3f}s vs {ref_name} {ref:.3f}s", flush=True)
+        print(f"measured: {figure}: {ours:.3f}{unit} vs {ref_name} {ref:.3f}{unit}", flush=True)
+
+    def info(figure: str, value: Any) -> None:
+        facts.append({"figure": figure, "value": value})
+        print(f"measured: {figure}: {value}", flush=True)
 
     def clear() -> None:
         sh("ipvsadm -C")
@@ -178,25 +194,40 @@ def main() -> int:
     def addrs_ours() -> None:
         link.add(addrs)
 
-    ours, ref = best([addrs_ours, lambda: sh("ip -batch -", batch_in)], args.repeat,
-                     lambda: (link.ensure(), sh(f"ip addr flush dev {KUBE_IPVS0}")))
+    def addrs_reset() -> None:
+        link.ensure()
+        sh(f"ip addr flush dev {KUBE_IPVS0}")
+
+    ours, ref = best([addrs_ours, lambda: sh("ip -batch -", batch_in)], args.repeat, addrs_reset)
     row(f"kube-ipvs0: add {args.addresses} addresses", ours, ref, "ip -batch", 1.0)
     sh(f"ip link del {KUBE_IPVS0}")
+
+    if args.cluster_services:
+        import tempfile
+
+        from bench import cluster_bench
+
+        with tempfile.TemporaryDirectory(prefix="cluster-bench-") as tmp:
+            cluster_bench.run_all(row, info, args.cluster_services, args.cluster_dests,
+                                  args.changes, args.cluster_repeat, Path(tmp))
 
     kernel = os.uname().release
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%dT%H%M%S")
     doc = {"kernel": kernel, "host_kernel": os.environ.get("HOST_KERNEL_RELEASE", ""),
-           "emulated": True, "results": results}
+           "emulated": True, "results": results, "facts": facts}
     (out / f"kernel-{stamp}.json").write_text(json.dumps(doc, indent=2) + "\n")
     print(f"\nkernel layer benchmarks, kernel {kernel} (software emulation; ratios only)\n")
-    print(f"{'figure':44} {'ipvsproxy':>10} {'reference':>14} {'ref s':>8} {'ratio':>6} "
+    print(f"{'figure':52} {'ipvsproxy':>10}  {'reference':44} {'ref':>9} {'ratio':>6} "
           f"{'target':>6}  met?")
     for r in results:
-        print(f"{r['figure']:44} {r['ipvsproxy_s']:>9.3f}s {r['reference']:>14} "
-              f"{r['reference_s']:>7.3f}s {r['ratio']:>6.2f} {r['target']:>6}  "
+        u = r["unit"]
+        print(f"{r['figure']:52} {r['ipvsproxy']:>9.3f}{u:<2} {r['reference']:44} "
+              f"{r['reference_value']:>8.3f}{u:<2} {r['ratio']:>6.3f} {r['target']:>6}  "
               f"{'yes' if r['met'] else 'NO'}")
+    for f in facts:
+        print(f"{f['figure']:52} {f['value']}")
     return 0
 
 

@@ -192,9 +192,10 @@ class OpKind(IntEnum):
     FLUSH = 17
 
 
-@dataclass(frozen=True, slots=True)
-class IpvsOp:
-    """One IPVS change. The values of OpKind are the generic-netlink command numbers."""
+class IpvsOp(NamedTuple):
+    """One IPVS change. The values of OpKind are the generic-netlink command numbers. (A
+    NamedTuple: a cold start makes one per real server, and a frozen dataclass costs three
+    times as much to build.)"""
 
     kind: OpKind
     service: VirtualServer | None = None

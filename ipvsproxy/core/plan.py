@@ -287,8 +287,10 @@ def diff(des: Desired, obs: Observed, exclude: Sequence[IPNetwork] = (),
             owned.add(key)
     want_sets = {n: set(m) for n, m in des.sets.items()}
     ipvs_add: list[Ipvs] = []
+    first_ipvs: list[Ipvs] = []  # those of T.FIRST_SERVICES: applied before all others
     ipvs_del: list[Step] = []
     foreign: list[ServiceKey] = []
+    first_keys, first_entries, first_addrs = _first(des)
     for key, vs in des.services.items():
         cur = obs.services.get(key)
         if cur is not None and key not in owned:
@@ -299,21 +301,21 @@ def diff(des: Desired, obs: Observed, exclude: Sequence[IPNetwork] = (),
             fam_set = T.family_name(T.OWNED, key.addr.version if key.addr else 4)
             want_sets[fam_set].discard(owned_entry(key) or "")
             continue
-        if cur is None:
-            ipvs_add.append(Ipvs(IpvsOp(OpKind.ADD_SERVICE, vs)))
-            have_dests: dict[DestKey, tuple[RealServer, int]] = {}
-        else:
-            if not _vs_equal(vs, cur.service):
-                ipvs_add.append(Ipvs(IpvsOp(OpKind.EDIT_SERVICE, vs)))
-            have_dests = {d.dest.key: (d.dest, d.active_conns + d.inact_conns)
-                          for d in cur.dests}
+        to = first_ipvs if key in first_keys else ipvs_add
         want = des.dests.get(key, ())
+        if cur is None:  # a new virtual server: everything to add (a cold start's hot path)
+            to.append(Ipvs(IpvsOp(OpKind.ADD_SERVICE, vs)))
+            to.extend([Ipvs(IpvsOp(OpKind.ADD_DEST, vs, rs)) for rs in want])
+            continue
+        if not _vs_equal(vs, cur.service):
+            to.append(Ipvs(IpvsOp(OpKind.EDIT_SERVICE, vs)))
+        have_dests = {d.dest.key: (d.dest, d.active_conns + d.inact_conns) for d in cur.dests}
         for rs in want:
             got = have_dests.get(rs.key)
             if got is None:
-                ipvs_add.append(Ipvs(IpvsOp(OpKind.ADD_DEST, vs, rs)))
+                to.append(Ipvs(IpvsOp(OpKind.ADD_DEST, vs, rs)))
             elif not _rs_equal(rs, got[0]):
-                ipvs_add.append(Ipvs(IpvsOp(OpKind.EDIT_DEST, vs, rs)))
+                to.append(Ipvs(IpvsOp(OpKind.EDIT_DEST, vs, rs)))
         wanted = {rs.key for rs in want}
         for dkey, (rs, conns) in have_dests.items():
             if dkey in wanted:
@@ -323,7 +325,7 @@ def diff(des: Desired, obs: Observed, exclude: Sequence[IPNetwork] = (),
             if key.protocol is Protocol.TCP and conns > 0 and (key, dkey) not in force_delete:
                 draining.append((key, dkey))
                 if rs.weight != 0:
-                    ipvs_add.append(Ipvs(IpvsOp(OpKind.EDIT_DEST, vs, rs._replace(weight=0))))
+                    to.append(Ipvs(IpvsOp(OpKind.EDIT_DEST, vs, rs._replace(weight=0))))
             else:
                 ipvs_del.append(Ipvs(IpvsOp(OpKind.DEL_DEST, vs, rs)))
     for key in sorted(owned - des.services.keys()):
@@ -337,7 +339,6 @@ def diff(des: Desired, obs: Observed, exclude: Sequence[IPNetwork] = (),
     # members is resized (filled whole, then swapped in) instead; one that is large enough keeps
     # its size, and the restore scripts name it as the kernel has it (`create ... -exist` fails
     # when maxelem differs; the kernel ignores hashsize there, ip_set_hash_gen.h same_set).
-    first_keys, first_entries, first_addrs = _first(des)
     first_adds: list[Step] = []
     adds: list[Step] = []
     dels: list[Step] = []
@@ -380,9 +381,6 @@ def diff(des: Desired, obs: Observed, exclude: Sequence[IPNetwork] = (),
         if t != cur_t:
             late.append(SetTimeouts(t))
     # FIRST_SERVICES go first: their members, virtual servers and addresses (same safe order)
-    first_ipvs = [s for s in ipvs_add if s.op.service and s.op.service.key in first_keys]
-    if first_ipvs:
-        ipvs_add = [s for s in ipvs_add if not (s.op.service and s.op.service.key in first_keys)]
     first_bind = [b for b in bind if b.addr in first_addrs]
     if first_bind:
         bind = [b for b in bind if b.addr not in first_addrs]

@@ -116,6 +116,19 @@ def apply(plan: Plan) -> list[Failure]:
                 failures += _apply_members([s for s in steps[i:j] if isinstance(s, SetMembers)])
                 i = j
                 continue
+            if isinstance(step, CreateSet):
+                # one netlink socket for all of them: opening one costs more than a create
+                j = i
+                with IPSets() as ipsets:
+                    while j < len(steps) and isinstance(steps[j], CreateSet):
+                        try:
+                            ipsets.create(steps[j].spec, exist_ok=True)  # type: ignore[union-attr]
+                        except Exception as exc:
+                            failures.append(Failure(steps[j].lines()[0], str(exc) or
+                                                    type(exc).__name__, step_kind(steps[j])))
+                        j += 1
+                i = j
+                continue
             if isinstance(step, Address):
                 j = i
                 while j < len(steps) and isinstance(steps[j], Address) \
@@ -183,9 +196,6 @@ def _apply_one(step: Step, ipvs: IpvsClient | None) -> None:
     elif isinstance(step, CreateLink):
         with DummyLink() as link:
             link.ensure()
-    elif isinstance(step, CreateSet):
-        with IPSets() as ipsets:
-            ipsets.create(step.spec, exist_ok=True)
     elif isinstance(step, ResizeSet):
         with IPSets() as ipsets:
             ipsets.replace(step.spec, step.entries)

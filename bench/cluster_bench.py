@@ -1,0 +1,343 @@
+"""Cluster-size benchmarks (issue 8, items 1, 2, 3 and 5), inside the lab, on a generated
+cluster (bench/cluster_gen.py: 10,000 services x 10 endpoints and default/kubernetes).
+
+1. Cold start: `ipvsproxy sync --once --from-file` from an empty kernel to fully programmed,
+   against the C tools doing the same kernel work: what our sync left (`ipvsadm -Sn`,
+   `ipset save`, `iptables-save`, the kube-ipvs0 addresses) loaded again from empty by
+   `ipset restore`, `iptables-restore`, `ipvsadm -R` and `ip -batch`. Also the moment the
+   kubernetes ClusterIP first answers: a prober connects to 10.96.0.1:443 every 20 ms and counts
+   it up only when the API "server" (a listener in a network namespace of its own, behind IPVS)
+   sends its banner.
+2. Full resync with nothing to change: observe + diff in process (the daemon holds the desired
+   state already), against `ipvsadm -Sn` + `ipset save`.
+3. One endpoint change through the daemon (`ipvsproxy run` against the test API server): 200
+   EndpointSlice updates, each replacing one pod of a ClusterIP service; the time from the
+   update to the kernel holding the new real server, p50 and p99, at 10,000 and at 100
+   services; and the kernel operations the daemon counted for them.
+5. Memory: the daemon's resident set (VmRSS, and its peak VmHWM) with the 10,000 services
+   loaded and programmed.
+
+Commands run forked from a process that imported ipvsproxy (tests/kernel/forked.py): under
+emulation a cold Python import costs 10-60 s of 9p round trips, which no real node pays.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import re
+import socket
+import statistics
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from ipaddress import ip_address
+from pathlib import Path
+from typing import Any
+
+from bench.cluster_gen import (
+    API_IP,
+    API_PORT,
+    CLUSTER_CIDR,
+    KUBERNETES_IP,
+    NODE,
+    NODE_IP,
+    endpoint_slice,
+    generate,
+    pod_ip,
+)
+
+# NodePorts on the node IP only (the lab's other addresses would multiply them)
+FLAGS = ["--hostname-override", NODE, "--cluster-cidr", CLUSTER_CIDR, "--ip-families", "4",
+         "--nodeport-addresses", f"{NODE_IP}/32"]
+NODE_IF = "bench0"
+API_NS = "bench-api"
+METRICS = "127.0.0.1:10249"
+BANNER = b"apiserver\n"
+
+Row = Callable[..., None]
+
+
+def sh(cmd: str, stdin: str | None = None) -> str:
+    return subprocess.run(cmd, shell=True, input=stdin, text=True, check=True,
+                          capture_output=True).stdout
+
+
+# ------------------------------------------------------------------------------ the node
+
+def node_up() -> None:
+    """The node's address, and the API server's: a namespace behind a veth pair, with a
+    listener that sends BANNER to whoever connects."""
+    sh(f"ip link add {NODE_IF} type dummy && ip addr add {NODE_IP}/24 dev {NODE_IF} "
+       f"&& ip link set {NODE_IF} up")
+    sh(f"ip netns add {API_NS} && ip link add bapi0 type veth peer name bapi1 netns {API_NS} "
+       f"&& ip addr add 192.168.77.1/24 dev bapi0 && ip link set bapi0 up "
+       f"&& ip -n {API_NS} addr add {API_IP}/24 dev bapi1 && ip -n {API_NS} link set bapi1 up "
+       f"&& ip -n {API_NS} link set lo up && ip -n {API_NS} route add default via 192.168.77.1")
+    server = (f"import socket\ns = socket.create_server(('{API_IP}', {API_PORT}))\n"
+              "while True:\n    c, _ = s.accept()\n    c.sendall(%r)\n    c.close()\n" % BANNER)
+    subprocess.Popen(["ip", "netns", "exec", API_NS, "python3", "-c", server])
+
+
+def node_down() -> None:
+    subprocess.run(f"ip netns pids {API_NS} | xargs -r kill; ip netns del {API_NS}; "
+                   f"ip link del bapi0; ip link del {NODE_IF}", shell=True, check=False,
+                   capture_output=True)
+
+
+def clean() -> None:
+    from tests.kernel import forked
+
+    forked.check("cleanup")
+    sh("ipvsadm -C; iptables -t nat -F; iptables -t nat -X; iptables -t filter -F; "
+       "iptables -t filter -X; ipset destroy; ip link del kube-ipvs0 2>/dev/null; true")
+
+
+class Prober(threading.Thread):
+    """Connects to the kubernetes ClusterIP until the API server's banner comes back."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self.t0 = time.perf_counter()
+        self.answered: float | None = None
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            try:
+                with socket.create_connection((KUBERNETES_IP, 443), timeout=0.2) as s:
+                    s.settimeout(1.0)
+                    if s.recv(64) == BANNER:
+                        self.answered = time.perf_counter() - self.t0
+                        return
+            except OSError:
+                pass
+            self.stop.wait(0.02)
+
+
+# ------------------------------------------------------------------------- 1. cold start
+
+def c_tools_script() -> list[tuple[str, str]]:
+    """What the kernel holds now, as (command, its input) for the C tools to load again."""
+    addrs = re.findall(r"inet (\S+)", sh("ip -o -4 addr show dev kube-ipvs0"))
+    batch = "link add kube-ipvs0 type dummy\n" + "".join(
+        f"address add {a} dev kube-ipvs0\n" for a in addrs)
+    return [("ipset restore", sh("ipset save")), ("iptables-restore", sh("iptables-save")),
+            ("ipvsadm -R", sh("ipvsadm -Sn")), ("ip -batch -", batch)]
+
+
+def cold_start(path: Path, n_vs: int, repeat: int, row: Row) -> None:
+    from tests.kernel import forked
+
+    ours, firsts, theirs = [], [], []
+    script: list[tuple[str, str]] = []
+    saved = ""
+    for _ in range(repeat):
+        clean()
+        probe = Prober()
+        probe.start()
+        t0 = time.perf_counter()
+        p = forked.run(["sync", "--once", "--from-file", str(path), *FLAGS], timeout=3000)
+        ours.append(time.perf_counter() - t0)
+        probe.stop.set()
+        probe.join()
+        assert p.returncode == 0, p.stderr[-2000:]
+        assert probe.answered is not None, "the kubernetes ClusterIP never answered"
+        firsts.append(probe.answered)
+        print(f"measured: cold start {ours[-1]:.1f}s, kubernetes answered at "
+              f"{probe.answered:.2f}s", flush=True)
+        if not script:
+            script = c_tools_script()
+            saved = sh("ipvsadm -Sn")
+            assert saved.count("-A ") == n_vs, (saved.count("-A "), n_vs)
+        clean()
+        t0 = time.perf_counter()
+        for cmd, text in script:
+            sh(cmd, text)
+        theirs.append(time.perf_counter() - t0)
+        assert sh("ipvsadm -Sn") == saved, "the C tools did not load the same table"
+        print(f"measured: the C tools {theirs[-1]:.1f}s", flush=True)
+    n_rs = saved.count("-a ")
+    row(f"cold start {n_vs} VS, {n_rs} RS + sets, rules", min(ours), min(theirs),
+        "ipset+iptables-restore+ipvsadm -R+ip -batch", 1.0)
+    i = ours.index(min(ours))
+    row("  first service (kubernetes) answers", firsts[i], ours[i], "the cold start", 0.05)
+
+
+# --------------------------------------------------------------------------- 2. resync
+
+def resync(docs: list[Any], repeat: int, row: Row) -> None:
+    """Run after an ipvsproxy cold start: the kernel already holds the desired state."""
+    from ipvsproxy.core.cluster import build_snapshot
+    from ipvsproxy.core.desired import compute_desired
+    from ipvsproxy.core.plan import diff
+    from ipvsproxy.kernel import dataplane
+    from ipvsproxy.kernel.host import host_facts
+
+    des = compute_desired(build_snapshot(docs, NODE), host_facts(), config())
+    best_ours = best_ref = float("inf")
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        plan = diff(des, dataplane.observe(des))
+        best_ours = min(best_ours, time.perf_counter() - t0)
+        assert not plan.steps, plan.lines()[:10]
+        t0 = time.perf_counter()
+        sh("ipvsadm -Sn")
+        sh("ipset save")
+        best_ref = min(best_ref, time.perf_counter() - t0)
+    row(f"resync, nothing to change, {len(des.services)} VS (observe+diff)", best_ours,
+        best_ref, "ipvsadm -Sn + ipset save", 1.0)
+
+
+# ------------------------------------------------------------- 3. and 5. the daemon
+
+def _metrics() -> dict[str, float]:
+    from tests.kernel.test_daemon import metrics_or_empty
+
+    return metrics_or_empty()
+
+
+def _proc_kb(pid: int, field: str) -> int:
+    text = Path(f"/proc/{pid}/status").read_text()
+    m = re.search(rf"^{field}:\s+(\d+) kB", text, re.M)
+    assert m, field
+    return int(m.group(1))
+
+
+def daemon_run(n: int, m: int, changes: int, tmp: Path) -> dict[str, Any]:
+    """The daemon against the test API server with n services x m endpoints: seconds to
+    program them, its memory, then `changes` endpoint changes, one at a time."""
+    from ipvsproxy.core.ipvs import Protocol, ServiceKey
+    from ipvsproxy.kernel.ipvs import IpvsClient
+    from tests.apiserver import ApiServer
+    from tests.kernel import forked
+    from tests.kernel.test_daemon import HEALTHZ, operations
+
+    docs = generate(n, m)
+    services = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Service"}
+    clean()
+    api = ApiServer()
+    api.start()
+    api.load(docs)
+    t0 = time.perf_counter()
+    d = forked.start(["--log-format", "json", "run", "--kubeconfig",
+                      str(api.kubeconfig(tmp / "kubeconfig")), *FLAGS,
+                      "--ipvs-min-sync-period", "0s", "--healthz-bind-address", HEALTHZ,
+                      "--metrics-bind-address", METRICS, "--service-metrics", "false"],
+                     tmp / f"daemon-{n}.log")
+    out: dict[str, Any] = {}
+    try:
+        want = len([d for d in docs if d["kind"] == "Service"])  # >= 1 VS each
+        while True:
+            got = _metrics()
+            if got.get('ipvsproxy_syncs_total{mode="full",result="ok"}', 0) >= 1:
+                break
+            assert d.poll() is None, (tmp / f"daemon-{n}.log").read_text()[-3000:]
+            assert time.perf_counter() - t0 < 3000, "the daemon never synced"
+            time.sleep(0.5)
+        out["programmed_s"] = time.perf_counter() - t0
+        assert got.get("ipvsproxy_virtual_servers", 0) >= want, got.get("ipvsproxy_virtual_servers")
+        time.sleep(2.0)  # settle: the first sync's garbage is collected
+        out["rss_mb"] = _proc_kb(d.pid, "VmRSS") / 1024
+        out["hwm_mb"] = _proc_kb(d.pid, "VmHWM") / 1024
+        # the changes: ClusterIP services whose replaced pod is not on this node (so the kernel
+        # work is exactly one real server added and one deleted, no hairpin set entry); a
+        # service changed again replaces the same pod again (cluster_gen.pod_ip: version v
+        # replaces pod v % m), so each change is still one pod
+        rng = random.Random(8)
+        clusterip = [i for i in range(n) if services[f"svc-{i}"]["spec"]["type"] == "ClusterIP"]
+        versions: dict[int, int] = {}
+        before = operations(_metrics())
+        lat = []
+        with IpvsClient() as ipvs:
+            for _ in range(changes):
+                i = rng.choice(clusterip)
+                svc = services[f"svc-{i}"]
+                if i in versions:
+                    version = versions[i] + m
+                else:
+                    version = next(v for v in range(1, m + 1) if (i * 7 + v % m) % 50 != 0)
+                versions[i] = version
+                j = version % m
+                port = svc["spec"]["ports"][0]
+                key = ServiceKey.inet(Protocol[port["protocol"]],
+                                      ip_address(svc["spec"]["clusterIP"]), port["port"])
+                new = ip_address(pod_ip(i, j, m, version))
+                t1 = time.perf_counter()
+                api.put(endpoint_slice(i, svc, m, version))
+                while True:
+                    vs = ipvs.get_service(key)
+                    if vs is not None and any(x.dest.key.addr == new for x in vs.dests):
+                        break
+                    assert time.perf_counter() - t1 < 60, f"change {version} never arrived"
+                    time.sleep(0.002)
+                lat.append(time.perf_counter() - t1)
+        time.sleep(1.0)  # the counters of the last sync
+        after = operations(_metrics())
+        out["ops"] = {k: after.get(k, 0) - before.get(k, 0) for k in after
+                      if after.get(k, 0) != before.get(k, 0)}
+        lat.sort()
+        out["p50"] = statistics.median(lat)
+        out["p99"] = lat[max(0, round(0.99 * len(lat)) - 1)]
+    finally:
+        d.terminate()
+        d.wait(120)
+        api.stop()
+        clean()
+    return out
+
+
+# ------------------------------------------------------------------------------- all
+
+def run_all(row: Row, info: Callable[[str, Any], None], services: int, dests: int,
+            changes: int, repeat: int, tmp: Path) -> None:
+    node_up()
+    try:
+        docs = generate(services, dests)
+        path = tmp / "cluster.json"
+        path.write_text(json.dumps({"kind": "List", "items": docs}))
+        n_vs = _expected_vs(docs)
+        cold_start(path, n_vs, repeat, row)
+        # the kernel holds what the last ipvsproxy sync made only before the C tools' turn:
+        # program it again (untimed), then resync
+        clean()
+        from tests.kernel import forked
+
+        forked.check("sync", "--once", "--from-file", str(path), *FLAGS)
+        resync(docs, repeat, row)
+        del docs
+        small = daemon_run(100, dests, changes, tmp)
+        big = daemon_run(services, dests, changes, tmp)
+        for size, r in ((100, small), (services, big)):
+            info(f"daemon at {size} services: programmed in", f"{r['programmed_s']:.1f}s")
+            info(f"daemon at {size} services: endpoint change p50 / p99",
+                 f"{r['p50'] * 1000:.0f} / {r['p99'] * 1000:.0f} ms")
+            info(f"daemon at {size} services: kernel operations for {changes} changes",
+                 json.dumps(r["ops"], sort_keys=True))
+        row(f"endpoint change p99, {services} vs 100 services", big["p99"], small["p99"],
+            "p99 at 100 services", 1.5)
+        row(f"daemon memory, {services} services x {dests} (VmRSS, MB)", big["rss_mb"], 150.0,
+            "target 150 MB", 1.0, unit="MB")
+        info("daemon peak memory (VmHWM)", f"{big['hwm_mb']:.0f} MB")
+    finally:
+        node_down()
+
+
+def config() -> Any:
+    """The Config `sync` makes of FLAGS."""
+    from ipvsproxy.config import add_proxy_flags, from_args
+
+    parser = argparse.ArgumentParser()
+    add_proxy_flags(parser)
+    return from_args(parser.parse_args(FLAGS))
+
+
+def _expected_vs(docs: list[Any]) -> int:
+    """Virtual servers the generated cluster makes (ClusterIP, node IP:NodePort, LB ingress)."""
+    from ipvsproxy.core.cluster import build_snapshot
+    from ipvsproxy.core.desired import compute_desired
+    from ipvsproxy.kernel.host import host_facts
+
+    return len(compute_desired(build_snapshot(docs, NODE), host_facts(), config()).services)
