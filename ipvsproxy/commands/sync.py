@@ -91,5 +91,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"warning: cannot publish service names to {names.path()}: {exc}", file=sys.stderr)
     log.info("sync", operations=len(out.plan.lines()), failed=len(out.failures),
              virtual_servers=len(out.desired.services), problems=len(out.problems),
-             seconds=round(out.seconds, 3))
+             seconds=round(out.seconds, 3),
+             **({} if out.first_seconds is None else
+                {"first_services_seconds": round(out.first_seconds, 3)}))
     return 1 if out.failures else 0

@@ -52,6 +52,25 @@ def flatten(docs: Iterable[Any]) -> Iterable[Mapping[str, Any]]:
             yield doc
 
 
+def first_objects(docs: Iterable[Any], first: Iterable[tuple[str, str]]) -> list[Mapping[str, Any]]:
+    """The Services named in `first` (namespace, name), their EndpointSlices and the Nodes: what
+    a sync needs to program those services alone, found without parsing anything else."""
+    want = set(first)
+    out: list[Mapping[str, Any]] = []
+    for obj in flatten(docs):
+        kind = obj.get("kind")
+        meta = obj.get("metadata")
+        if kind == "Node":
+            out.append(obj)
+        elif kind in ("Service", "EndpointSlice") and isinstance(meta, Mapping):
+            labels = meta.get("labels")
+            name = meta.get("name") if kind == "Service" else (
+                labels.get("kubernetes.io/service-name") if isinstance(labels, Mapping) else None)
+            if (meta.get("namespace"), name) in want:
+                out.append(obj)
+    return out
+
+
 def build_snapshot(docs: Iterable[Any], node_name: str) -> Snapshot:
     """Parse every Service, EndpointSlice and the Node called `node_name` (others ignored)."""
     parsed: dict[str, dict[tuple[str, str], Any]] = {"Service": {}, "EndpointSlice": {}}

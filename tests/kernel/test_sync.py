@@ -172,6 +172,32 @@ def test_invalid_objects_are_reported_and_the_rest_programmed(node: None, tmp_pa
     assert "-a -t 10.96.10.10:80 -r 10.244.9.9:8080 -m -w 1" in sh("ipvsadm -Sn")
 
 
+def test_a_cold_node_gets_the_api_server_first_then_everything(node: None, tmp_path: Path
+                                                                ) -> None:
+    """On a cold node the sync programs default/kubernetes alone before the rest (syncer.py);
+    the result is the same kernel state, and a warm node skips that step."""
+    docs = worked_example()
+    docs += [{"kind": "Service", "metadata": {"namespace": "default", "name": "kubernetes"},
+              "spec": {"clusterIP": "10.96.0.1", "ports": [{"name": "https", "port": 443}]}},
+             {"kind": "EndpointSlice", "addressType": "IPv4",
+              "metadata": {"namespace": "default", "name": "kubernetes",
+                           "labels": {"kubernetes.io/service-name": "kubernetes"}},
+              "ports": [{"name": "https", "port": 6443}],
+              "endpoints": [{"addresses": ["192.168.1.10"]}]}]
+    p = tmp_path / "m.yaml"
+    p.write_text(yaml.safe_dump_all(docs))
+    cold = sync(p)
+    assert "first_services_seconds" in cold.stderr, cold.stderr
+    assert "error" not in cold.stderr.lower(), cold.stderr
+    table = sh("ipvsadm -Sn")
+    assert "-a -t 10.96.0.1:443 -r 192.168.1.10:6443 -m -w 1" in table
+    assert "10.96.0.1/32" in sh("ip -o addr show dev kube-ipvs0")
+    assert sync(p, "--dry-run").stdout == ""  # everything else is there too
+    warm = sync(p)
+    assert "first_services_seconds" not in warm.stderr
+    assert sh("ipvsadm -Sn") == table
+
+
 def dual_stack() -> list[dict[str, object]]:
     """A dual-stack NodePort + LoadBalancer service with source ranges, affinity and Local
     policy, and a UDP and an SCTP one: every rule form, in both families."""
