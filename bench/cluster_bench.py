@@ -224,6 +224,9 @@ def daemon_run(n: int, m: int, changes: int, tmp: Path) -> dict[str, Any]:
     t0 = time.perf_counter()
     d = forked.start(["--log-format", "json", "run", "--kubeconfig",
                       str(api.kubeconfig(tmp / "kubeconfig")), *FLAGS,
+                      # no periodic full resync in the way: under emulation one at 10,000
+                      # services takes about a minute, and each change would wait for it
+                      "--ipvs-sync-period", "1h",
                       "--ipvs-min-sync-period", "0s", "--healthz-bind-address", HEALTHZ,
                       "--metrics-bind-address", METRICS, "--service-metrics", "false"],
                      tmp / f"daemon-{n}.log")
@@ -238,6 +241,8 @@ def daemon_run(n: int, m: int, changes: int, tmp: Path) -> dict[str, Any]:
             assert time.perf_counter() - t0 < 3000, "the daemon never synced"
             time.sleep(0.5)
         out["programmed_s"] = time.perf_counter() - t0
+        print(f"measured: daemon at {n} services programmed in {out['programmed_s']:.1f}s",
+              flush=True)
         assert got.get("ipvsproxy_virtual_servers", 0) >= want, got.get("ipvsproxy_virtual_servers")
         time.sleep(2.0)  # settle: the first sync's garbage is collected
         out["rss_mb"] = _proc_kb(d.pid, "VmRSS") / 1024
@@ -271,7 +276,7 @@ def daemon_run(n: int, m: int, changes: int, tmp: Path) -> dict[str, Any]:
                     vs = ipvs.get_service(key)
                     if vs is not None and any(x.dest.key.addr == new for x in vs.dests):
                         break
-                    assert time.perf_counter() - t1 < 60, f"change {version} never arrived"
+                    assert time.perf_counter() - t1 < 600, f"change {version} never arrived"
                     time.sleep(0.002)
                 lat.append(time.perf_counter() - t1)
         time.sleep(1.0)  # the counters of the last sync
