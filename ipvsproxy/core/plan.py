@@ -355,10 +355,11 @@ def diff(des: Desired, obs: Observed, exclude: Sequence[IPNetwork] = (),
             effective[name] = have
         plus = sorted(members - present)
         minus = sorted(present - members)
-        early_plus = [e for e in plus if (name, e) in first_entries]
-        if early_plus:
-            first_adds.append(SetMembers(effective[name], True, tuple(early_plus)))
-            plus = [e for e in plus if (name, e) not in first_entries]
+        firsts = first_entries.get(name)
+        if firsts and firsts.intersection(plus):
+            first_adds.append(SetMembers(effective[name], True,
+                                         tuple(e for e in plus if e in firsts)))
+            plus = [e for e in plus if e not in firsts]
         if plus:
             adds.append(SetMembers(effective[name], True, tuple(plus)))
         if minus:
@@ -390,16 +391,17 @@ def diff(des: Desired, obs: Observed, exclude: Sequence[IPNetwork] = (),
                 tuple(effective[s.name] for s in des.specs))
 
 
-def _first(des: Desired) -> tuple[set[ServiceKey], set[tuple[str, str]], set[IPAddress]]:
-    """The virtual servers, set members and addresses of T.FIRST_SERVICES."""
+def _first(des: Desired) -> tuple[set[ServiceKey], dict[str, set[str]], set[IPAddress]]:
+    """The virtual servers, set members (by set) and addresses of T.FIRST_SERVICES."""
     keys: set[ServiceKey] = set()
-    entries: set[tuple[str, str]] = set()
+    entries: dict[str, set[str]] = {}
     addrs: set[IPAddress] = set()
     for sid in T.FIRST_SERVICES:
         ix = des.index.get(sid)
         if ix is not None:
             keys.update(ix.keys)
-            entries.update(ix.entries)
+            for name, entry in ix.entries:
+                entries.setdefault(name, set()).add(entry)
             addrs.update(ix.addresses)
     return keys, entries, addrs
 

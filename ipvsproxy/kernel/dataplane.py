@@ -85,11 +85,15 @@ def read_services(keys: Iterable[ServiceKey]) -> dict[ServiceKey, ObservedServic
     return out
 
 
-def _ipvs_steps(steps: Sequence[Step], i: int) -> int:
-    j = i
-    while j < len(steps) and isinstance(steps[j], Ipvs):
+def _run(steps: Sequence[Step], i: int) -> list[Any]:
+    """The steps from i on that are applied as one batch: of steps[i]'s type (and, for
+    addresses, the same direction)."""
+    first = steps[i]
+    j = i + 1
+    while j < len(steps) and type(steps[j]) is type(first) and (
+            not isinstance(first, Address) or steps[j].add == first.add):  # type: ignore[union-attr]
         j += 1
-    return j
+    return list(steps[i:j])
 
 
 def apply(plan: Plan) -> list[Failure]:
@@ -100,42 +104,20 @@ def apply(plan: Plan) -> list[Failure]:
     try:
         while i < len(steps):
             step = steps[i]
-            if isinstance(step, Ipvs):
-                j = _ipvs_steps(steps, i)
-                ipvs = ipvs or IpvsClient()
-                ops = [s.op for s in steps[i:j] if isinstance(s, Ipvs)]
-                for err in ipvs.apply(ops):
-                    failures.append(Failure(Ipvs(err.op).lines()[0], str(err),
-                                            step_kind(Ipvs(err.op))))
-                i = j
-                continue
-            if isinstance(step, SetMembers):
-                j = i
-                while j < len(steps) and isinstance(steps[j], SetMembers):
-                    j += 1
-                failures += _apply_members([s for s in steps[i:j] if isinstance(s, SetMembers)])
-                i = j
-                continue
-            if isinstance(step, CreateSet):
-                # one netlink socket for all of them: opening one costs more than a create
-                j = i
-                with IPSets() as ipsets:
-                    while j < len(steps) and isinstance(steps[j], CreateSet):
-                        try:
-                            ipsets.create(steps[j].spec, exist_ok=True)  # type: ignore[union-attr]
-                        except Exception as exc:
-                            failures.append(Failure(steps[j].lines()[0], str(exc) or
-                                                    type(exc).__name__, step_kind(steps[j])))
-                        j += 1
-                i = j
-                continue
-            if isinstance(step, Address):
-                j = i
-                while j < len(steps) and isinstance(steps[j], Address) \
-                        and steps[j].add == step.add:  # type: ignore[union-attr]
-                    j += 1
-                failures += _apply_addresses([s for s in steps[i:j] if isinstance(s, Address)])
-                i = j
+            if isinstance(step, (Ipvs, SetMembers, CreateSet, Address)):
+                run = _run(steps, i)
+                i += len(run)
+                if isinstance(step, Ipvs):
+                    ipvs = ipvs or IpvsClient()
+                    for err in ipvs.apply([s.op for s in run]):
+                        failures.append(Failure(Ipvs(err.op).lines()[0], str(err),
+                                                step_kind(Ipvs(err.op))))
+                elif isinstance(step, SetMembers):
+                    failures += _apply_members(run)
+                elif isinstance(step, CreateSet):
+                    failures += _create_sets(run)
+                else:
+                    failures += _apply_addresses(run)
                 continue
             try:
                 _apply_one(step, ipvs)
@@ -172,6 +154,19 @@ def _apply_members(steps: list[SetMembers]) -> list[Failure]:
                 failures.append(Failure(s.lines()[0] + (" ..." if len(s.entries) > 1 else ""),
                                         str(exc), step_kind(s), len(s.entries)))
         return failures
+
+
+def _create_sets(steps: list[CreateSet]) -> list[Failure]:
+    """One netlink socket for all of them: opening one costs more than a create."""
+    failures = []
+    with IPSets() as ipsets:
+        for s in steps:
+            try:
+                ipsets.create(s.spec, exist_ok=True)
+            except Exception as exc:
+                failures.append(Failure(s.lines()[0], str(exc) or type(exc).__name__,
+                                        step_kind(s)))
+    return failures
 
 
 def _apply_addresses(steps: list[Address]) -> list[Failure]:

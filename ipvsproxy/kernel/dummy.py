@@ -26,7 +26,6 @@ from pyroute2 import IPRoute
 from pyroute2.netlink import NLM_F_ACK, NLM_F_CREATE, NLM_F_REPLACE, NLM_F_REQUEST
 from pyroute2.netlink.exceptions import NetlinkError
 from pyroute2.netlink.rtnl import RTM_DELADDR, RTM_NEWADDR
-from pyroute2.netlink.rtnl.ifaddrmsg import ifaddrmsg
 
 from ipvsproxy.kernel import ipvs_codec as c
 
@@ -43,10 +42,11 @@ IFA_ADDRESS, IFA_LOCAL = 1, 2
 
 
 def encode_addr(idx: int, addr: IPAddress, mtype: int, flags: int, seq: int) -> bytes:
-    """RTM_NEWADDR/RTM_DELADDR for one /32 or /128, byte for byte what pyroute2 encodes from
-    DummyLink._msg (which costs ~100x as much: 4 ms per address under the lab's emulation,
-    where a cold start binds 10,000). IPv4 carries IFA_LOCAL then IFA_ADDRESS, IPv6 IFA_ADDRESS
-    alone (see _msg)."""
+    """RTM_NEWADDR/RTM_DELADDR for one /32 or /128, byte for byte what pyroute2's ifaddrmsg
+    encodes (tests/unit/test_addr_codec.py), which costs ~100x as much: 4 ms per address under
+    the lab's emulation, where a cold start binds 10,000. IPv4 needs IFA_LOCAL (the address)
+    and IFA_ADDRESS (the peer, here the same); IPv6 takes IFA_ADDRESS alone (a differing
+    IFA_LOCAL would make it a peer address)."""
     raw = addr.packed
     rta = _RTA.pack(4 + len(raw), IFA_ADDRESS) + raw
     if addr.version == 4:
@@ -149,22 +149,6 @@ class DummyLink:
         """Unbind each /32 or /128 address; absent ones are not an error."""
         todo = sorted(set(addrs), key=lambda a: (a.version, a))
         self._batch(RTM_DELADDR, NLM_F_REQUEST | NLM_F_ACK, todo)
-
-    @staticmethod
-    def _msg(idx: int, addr: IPAddress, mtype: int, flags: int) -> Any:
-        """The message as pyroute2 builds it (encode_addr's reference)."""
-        msg = ifaddrmsg()
-        msg["family"] = socket.AF_INET if addr.version == 4 else socket.AF_INET6
-        msg["prefixlen"] = addr.max_prefixlen
-        msg["index"] = idx
-        text = str(addr)
-        # IPv4 needs IFA_LOCAL (the address) and IFA_ADDRESS (the peer, here the same); IPv6
-        # takes IFA_ADDRESS alone (a differing IFA_LOCAL would make it a peer address).
-        msg["attrs"] = [("IFA_LOCAL", text), ("IFA_ADDRESS", text)] if addr.version == 4 \
-            else [("IFA_ADDRESS", text)]
-        msg["header"]["type"] = mtype
-        msg["header"]["flags"] = flags
-        return msg
 
     def _batch(self, mtype: int, flags: int, addrs: Sequence[IPAddress]) -> None:
         if not addrs:
