@@ -168,15 +168,11 @@ def cold_start(path: Path, n_vs: int, repeat: int, row: Row) -> None:
 
 # --------------------------------------------------------------------------- 2. resync
 
-def resync(docs: list[Any], repeat: int, row: Row) -> None:
-    """Run after an ipvsproxy cold start: the kernel already holds the desired state."""
-    from ipvsproxy.core.cluster import build_snapshot
-    from ipvsproxy.core.desired import compute_desired
+def resync(des: Any, repeat: int, row: Row) -> None:
+    """Run after an ipvsproxy cold start: the kernel already holds `des`."""
     from ipvsproxy.core.plan import diff
     from ipvsproxy.kernel import dataplane
-    from ipvsproxy.kernel.host import host_facts
 
-    des = compute_desired(build_snapshot(docs, NODE), host_facts(), config())
     best_ours = best_ref = float("inf")
     for _ in range(repeat):
         t0 = time.perf_counter()
@@ -303,16 +299,16 @@ def run_all(row: Row, info: Callable[[str, Any], None], services: int, dests: in
         docs = generate(services, dests)
         path = tmp / "cluster.json"
         path.write_text(json.dumps({"kind": "List", "items": docs}))
-        n_vs = _expected_vs(docs)
-        cold_start(path, n_vs, repeat, row)
+        des = desired(docs)
+        cold_start(path, len(des.services), repeat, row)
         # the kernel holds what the last ipvsproxy sync made only before the C tools' turn:
         # program it again (untimed), then resync
         clean()
         from tests.kernel import forked
 
         forked.check("sync", "--once", "--from-file", str(path), *FLAGS)
-        resync(docs, repeat, row)
-        del docs
+        resync(des, repeat, row)
+        del docs, des
         small = daemon_run(100, dests, changes, tmp)
         big = daemon_run(services, dests, changes, tmp)
         for size, r in ((100, small), (services, big)):
@@ -339,10 +335,10 @@ def config() -> Any:
     return from_args(parser.parse_args(FLAGS))
 
 
-def _expected_vs(docs: list[Any]) -> int:
-    """Virtual servers the generated cluster makes (ClusterIP, node IP:NodePort, LB ingress)."""
+def desired(docs: list[Any]) -> Any:
+    """The desired state `sync` computes from docs on this node."""
     from ipvsproxy.core.cluster import build_snapshot
     from ipvsproxy.core.desired import compute_desired
     from ipvsproxy.kernel.host import host_facts
 
-    return len(compute_desired(build_snapshot(docs, NODE), host_facts(), config()).services)
+    return compute_desired(build_snapshot(docs, NODE), host_facts(), config())
