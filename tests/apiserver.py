@@ -7,6 +7,13 @@ label and field selectors and the real API server's selector transitions on watc
 It owns the store (every version of every object since start, and the event log), the HTTP
 handler and the knobs tests turn: `put`, `delete`, `load`, `compact`, `cut_watches`, `stop` and
 `start` again on the same port. Standard library only.
+
+It authorizes nothing unless asked: `enforce_rbac(token, rules)` makes it authenticate every
+request by its bearer token (401 otherwise) and authorize it as the real API server's RBAC does
+(403 with the real message otherwise), before serving anything and before the 405 of its
+read-only methods, recording each refusal in `refused`. A request is mapped to the (API group,
+resource, verb) RBAC matches by `request_attributes`, k8s.io/apiserver's RequestInfo; the rules
+come from PolicyRules (`rules_of` a ClusterRole) or `PROXY_RULES`, what `ipvsproxy run` needs.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -46,15 +54,19 @@ DISCOVERY: dict[str, Obj] = {
 
 
 class HttpError(Exception):
-    def __init__(self, code: int, reason: str, message: str) -> None:
+    def __init__(self, code: int, reason: str, message: str, details: Obj | None = None) -> None:
         super().__init__(message)
-        self.code, self.reason, self.message = code, reason, message
+        self.code, self.reason, self.message, self.details = code, reason, message, details
 
 
-def status(code: int, reason: str, message: str) -> Obj:
+def status(code: int, reason: str, message: str, details: Obj | None = None) -> Obj:
     """A metav1.Status failure body, as the API server sends it."""
-    return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-            "message": message, "reason": reason, "code": code}
+    body: Obj = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                 "message": message, "reason": reason}
+    if details is not None:
+        body["details"] = details
+    body["code"] = code
+    return body
 
 
 def parse_selector(text: str, fields: bool = False) -> list[tuple[str, str, str]]:
@@ -95,6 +107,144 @@ class Query:
                           "metadata.namespace": md.get("namespace", "")})
 
 
+# ------------------------------------------------------------------------------------- RBAC
+
+# (API group, resource, verb): one entry of a PolicyRule expanded; "*" matches anything
+Rule = tuple[str, str, str]
+# What `ipvsproxy run` needs: its three reflectors list and watch Services, EndpointSlices and
+# the own Node (kube/reflector.py), and nothing else.
+PROXY_RULES: frozenset[Rule] = frozenset(
+    (group, resource, verb) for group, resource in (
+        ("", "services"), ("discovery.k8s.io", "endpointslices"), ("", "nodes"))
+    for verb in ("list", "watch"))
+# deploy/rbac.yaml's ServiceAccount, as the API server names it in a 403
+PROXY_USER = "system:serviceaccount:kube-system:ipvsproxy"
+_VERBS = {"GET": "get", "HEAD": "get", "POST": "create", "PUT": "update", "PATCH": "patch",
+          "DELETE": "delete"}
+# The non-resource URLs the built-in system:discovery and system:public-info-viewer roles grant
+# to every user: a trailing * matches any suffix, as in a PolicyRule's nonResourceURLs.
+_PUBLIC_URLS = ("/api", "/api/*", "/apis", "/apis/*", "/openapi", "/openapi/*", "/version",
+                "/version/", "/healthz", "/livez", "/readyz")
+
+
+@dataclass(frozen=True)
+class Attributes:
+    """What RBAC decides a request on: the fields of k8s.io/apiserver's RequestInfo it reads.
+    A non-resource request (discovery, /version) has no resource, only a path."""
+    verb: str
+    group: str = ""
+    resource: str = ""  # "nodes", or "nodes/status" for a subresource
+    namespace: str = ""
+    name: str = ""
+    path: str = ""
+
+    @property
+    def rule(self) -> Rule:
+        return self.group, self.resource, self.verb
+
+
+def watch_requested(query: dict[str, list[str]]) -> bool:
+    """The `watch` parameter as the API server decodes it (Convert_Slice_string_To_bool): the
+    first value; absent, "0" and "false" (any case) are false, anything else (even "") true."""
+    values = query.get("watch") or []
+    return bool(values) and values[0] != "0" and values[0].lower() != "false"
+
+
+def request_attributes(method: str, path: str) -> Attributes:
+    """A request's attributes as RequestInfoFactory.NewRequestInfo (k8s.io/apiserver
+    pkg/endpoints/request/requestinfo.go) works them out, so the fake authorizes what the real
+    one would: GET on a collection is list (watch with ?watch=...), on an object get; DELETE on a
+    collection deletecollection; /namespaces/NS/... names the namespace, not the resource; a
+    third part is a subresource (nodes/status); a list or watch selecting one metadata.name
+    names that object. Paths under neither /api/VERSION nor /apis/GROUP/VERSION are
+    non-resource requests, whose verb is the lower-case HTTP method."""
+    url = urlsplit(path)
+    parts = [p for p in url.path.split("/") if p]
+    width = {"api": 2, "apis": 3}.get(parts[0] if parts else "")  # /api/V, /apis/GROUP/V
+    if width is None or len(parts) <= width:
+        return Attributes(method.lower(), path=url.path)
+    group, parts = parts[1] if width == 3 else "", parts[width:]
+    if parts[0] == "watch" and len(parts) > 1:  # the deprecated /api/v1/watch/... paths
+        verb, parts = "watch", parts[1:]
+    else:
+        verb = _VERBS.get(method, "")
+    namespace = ""
+    if parts[0] == "namespaces" and len(parts) > 1:
+        namespace = parts[1]
+        if len(parts) > 2 and parts[2] not in ("status", "finalize"):  # not a namespace's own
+            parts = parts[2:]
+    resource = parts[0] if len(parts) < 3 else f"{parts[0]}/{parts[2]}"
+    name = parts[1] if len(parts) > 1 else ""
+    if not name and verb == "get":
+        query = parse_qs(url.query, keep_blank_values=True)
+        verb = "watch" if watch_requested(query) else "list"
+        for term in (query.get("fieldSelector") or [""])[0].split(","):
+            m = re.fullmatch(r"\s*metadata\.name\s*==?\s*([^=!\s]*)\s*", term)
+            if m and m[1] not in (".", "..") and not set(m[1]) & {"/", "%"}:
+                name = m[1]  # a valid path segment only, as the API server checks
+                break
+    if not name and verb == "delete":
+        verb = "deletecollection"
+    return Attributes(verb, group, resource, namespace, name)
+
+
+def rbac_rule(http_method: str, path: str) -> Rule | None:
+    """The (group, resource, verb) a request is authorized as; None for a non-resource request.
+    /api/v1/nodes -> ("", "nodes", "list"), .../endpointslices?watch=true -> watch."""
+    a = request_attributes(http_method, path)
+    return a.rule if a.resource else None
+
+
+def rules_of(role: Obj) -> set[Rule]:
+    """The rules of a ClusterRole document: each PolicyRule's apiGroups x resources x
+    verbs. The fake matches on those three only: a rule narrowed by resourceNames, or one for
+    nonResourceURLs, is refused rather than silently widened or dropped."""
+    out: set[Rule] = set()
+    for rule in role.get("rules") or ():
+        if rule.get("resourceNames") or rule.get("nonResourceURLs"):
+            raise ValueError(f"not supported by the fake API server's RBAC: {rule}")
+        out |= {(g, r, v) for g in rule.get("apiGroups") or () for r in rule.get("resources")
+                or () for v in rule.get("verbs") or ()}
+    return out
+
+
+def _allows(rules: frozenset[Rule], a: Attributes) -> bool:
+    """RBAC's rule matching (k8s.io/kubernetes pkg/apis/rbac/v1 evaluation_helpers.go): "*"
+    matches any group, resource or verb, and "*/SUB" any resource's subresource SUB."""
+    if not a.resource:
+        return a.verb == "get" and any(
+            a.path == u or (u.endswith("*") and a.path.startswith(u[:-1])) for u in _PUBLIC_URLS)
+    sub = a.resource.partition("/")[2]
+    return any(g in ("*", a.group) and v in ("*", a.verb)
+               and (r in ("*", a.resource) or (sub and r == f"*/{sub}")) for g, r, v in rules)
+
+
+def forbidden(user: str, a: Attributes) -> HttpError:
+    """The API server's 403 (responsewriters.Forbidden, then apierrors.NewForbidden), word for
+    word: `services is forbidden: User "..." cannot list resource "services" in API group ""
+    at the cluster scope`, `nodes "a" is forbidden: ...`, `forbidden: User "..." cannot get path
+    "/metrics"`. Go's %q quoting is JSON's for these ASCII strings."""
+    q = json.dumps
+    if not a.resource:
+        return HttpError(403, "Forbidden", f"forbidden: User {q(user)} cannot {a.verb} path "
+                                           f"{q(a.path)}", {})
+    where = f"in the namespace {q(a.namespace)}" if a.namespace else "at the cluster scope"
+    why = (f"User {q(user)} cannot {a.verb} resource {q(a.resource)} in API group {q(a.group)} "
+           f"{where}")
+    resource = a.resource.partition("/")[0]  # the GroupResource leaves the subresource out
+    what = f"{resource}.{a.group}" if a.group else resource
+    details = {k: v for k, v in (("name", a.name), ("group", a.group), ("kind", resource)) if v}
+    return HttpError(403, "Forbidden", f"{what} {q(a.name)} is forbidden: {why}" if a.name
+                     else f"{what} is forbidden: {why}", details)
+
+
+@dataclass(frozen=True)
+class _Rbac:
+    token: str
+    rules: frozenset[Rule]
+    user: str
+
+
 @dataclass
 class Event:
     rv: int
@@ -122,6 +272,9 @@ class ApiServer:
         self.port = port
         self.bookmark_interval = 1.0
         self.requests: list[tuple[str, str]] = []
+        # (method, path, 401 or 403) of every request enforce_rbac() turned away
+        self.refused: list[tuple[str, str, int]] = []
+        self._rbac: _Rbac | None = None
         self._cond = threading.Condition()
         self._rv = 1
         self._floor = 1  # compaction: resourceVersions below it are gone (410)
@@ -162,13 +315,41 @@ class ApiServer:
             self._thread.join()
 
     def kubeconfig(self, path: str | Path) -> Path:
-        """Write a kubeconfig (JSON, which is YAML) pointing at this server; returns the path."""
+        """Write a kubeconfig (JSON, which is YAML) pointing at this server, with the token
+        enforce_rbac() was given if it was called first; returns the path."""
+        user = {"token": self._rbac.token} if self._rbac else {}
         doc = {"apiVersion": "v1", "kind": "Config", "current-context": "fake",
                "clusters": [{"name": "fake", "cluster": {"server": self.url}}],
-               "users": [{"name": "fake", "user": {}}],
+               "users": [{"name": "fake", "user": user}],
                "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "fake"}}]}
         Path(path).write_text(json.dumps(doc, indent=1))
         return Path(path)
+
+    def enforce_rbac(self, token: str, rules: Iterable[Rule], user: str = PROXY_USER) -> None:
+        """From now on, answer only requests bearing `token` (as `user`), and only what `rules`
+        allow, plus the discovery URLs every user may read. Anything else is refused: 401
+        without that token (as with --anonymous-auth=false: no anonymous user), 403 for what
+        the rules do not allow."""
+        with self._cond:
+            self._rbac = _Rbac(token, frozenset(rules), user)
+
+    def _authorize(self, method: str, path: str, authorization: str | None) -> None:
+        """Raise the 401 or 403 HttpError the request gets, recording it in `refused`."""
+        with self._cond:
+            rbac = self._rbac
+        if rbac is None:
+            return
+        scheme, _, token = (authorization or "").strip().partition(" ")
+        a = request_attributes(method, path)
+        if scheme.lower() != "bearer" or token != rbac.token:
+            error = HttpError(401, "Unauthorized", "Unauthorized")
+        elif not _allows(rbac.rules, a):
+            error = forbidden(rbac.user, a)
+        else:
+            return
+        with self._cond:
+            self.refused.append((method, path, error.code))
+        raise error
 
     def cut_watches(self) -> None:
         """Close every open watch connection abruptly (no terminating chunk)."""
@@ -421,12 +602,29 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(b"0\r\n\r\n")
         self.wfile.flush()
 
-    def do_GET(self) -> None:
+    def serve(self) -> None:
+        """Every method: recorded, authorized (if enforce_rbac() was called) before anything
+        else, a forbidden write included, then served: GET, or 405 for the read-only rest."""
         api = self.server.api
         with api._cond:
-            api.requests.append(("GET", self.path))
+            api.requests.append((self.command, self.path))
+        if self.command != "GET":  # read the body off the connection, which may be reused
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        try:
+            api._authorize(self.command, self.path, self.headers.get("Authorization"))
+            if self.command != "GET":
+                raise HttpError(405, "MethodNotAllowed", "the fake API server is read-only")
+            return self.serve_get()
+        except HttpError as e:
+            return self.send_json(e.code, status(e.code, e.reason, e.message, e.details))
+
+    do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = serve
+
+    def serve_get(self) -> None:
+        api = self.server.api
         url = urlsplit(self.path)
-        params = {k: v[-1] for k, v in parse_qs(url.query, keep_blank_values=True).items()}
+        query = parse_qs(url.query, keep_blank_values=True)
+        params = {k: v[-1] for k, v in query.items()}
         path = url.path.rstrip("/")
         try:
             if path in DISCOVERY:
@@ -438,7 +636,8 @@ class _Handler(BaseHTTPRequestHandler):
                 raise HttpError(404, "NotFound", "the server could not find the requested resource")
             q = Query(parse_selector(params.get("labelSelector", "")),
                       parse_selector(params.get("fieldSelector", ""), fields=True))
-            if params.get("watch", "").lower() in ("true", "1"):
+            # read as the authorizer reads it: a request authorized as a list never watches
+            if watch_requested(query):
                 return api.watch(self, kind, q, params)
             limit = int(params.get("limit") or 0)
             return self.send_json(200, api.list_page(kind, q, limit, params.get("continue")))
@@ -448,11 +647,3 @@ class _Handler(BaseHTTPRequestHandler):
             return self.send_json(400, status(400, "BadRequest", str(e)))
         except OSError:  # the client went away, or stop() / cut_watches() cut the connection
             self.close_connection = True
-
-    def _not_allowed(self) -> None:
-        with self.server.api._cond:
-            self.server.api.requests.append((self.command, self.path))
-        self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        self.send_json(405, status(405, "MethodNotAllowed", "the fake API server is read-only"))
-
-    do_POST = do_PUT = do_PATCH = do_DELETE = _not_allowed

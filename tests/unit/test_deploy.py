@@ -31,12 +31,14 @@ import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
 
 import kubernetes_validate
 import pytest
 import yaml
 from packaging.requirements import Requirement
+
+# The request -> (group, resource, verb) mapping is the fake API server's, which enforces it.
+from tests.apiserver import Rule, rbac_rule, rules_of
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -46,7 +48,6 @@ SCHEMA_VERSIONS = ("1.30.0", kubernetes_validate.latest_version())
 NAMESPACE = "kube-system"
 
 Doc = dict[str, Any]
-Rule = tuple[str, str, str]  # (API group, resource, verb)
 
 
 # ------------------------------------------------------------------------------------- helpers
@@ -171,39 +172,6 @@ def test_kubectl_kustomize_renders_the_kind_overlay() -> None:
 
 # ---------------------------------------------------------------------------------- the RBAC
 
-_HTTP_VERBS = {"POST": "create", "PUT": "update", "PATCH": "patch"}
-
-
-def rbac_rule(http_method: str, path: str) -> Rule | None:
-    """The (group, resource, verb) an API request is authorized as; None for discovery.
-
-    /api/v1/nodes -> ("", nodes, list), /api/v1/nodes/NAME -> get,
-    /apis/discovery.k8s.io/v1/endpointslices?watch=true -> watch,
-    /api/v1/namespaces/NS/events (POST) -> create, .../nodes/NAME/status -> nodes/status."""
-    url = urlsplit(path)
-    parts = [p for p in url.path.split("/") if p]
-    if parts[:1] == ["api"]:
-        group, rest = "", parts[2:]
-    elif parts[:1] == ["apis"]:
-        group, rest = parts[1] if len(parts) > 1 else "", parts[3:]
-    else:
-        return None  # /version and the like
-    if len(rest) >= 3 and rest[0] == "namespaces":
-        rest = rest[2:]  # a namespaced collection
-    if not rest:
-        return None  # /api, /api/v1, /apis/GROUP/VERSION: discovery
-    resource = rest[0] if len(rest) < 3 else f"{rest[0]}/{rest[2]}"
-    named = len(rest) >= 2
-    query = {k.lower(): v[-1].lower() for k, v in parse_qs(url.query).items()}
-    if http_method == "GET":
-        verb = "watch" if query.get("watch") in ("true", "1") else "get" if named else "list"
-    elif http_method == "DELETE":
-        verb = "delete" if named else "deletecollection"
-    else:
-        verb = _HTTP_VERBS[http_method]
-    return group, resource, verb
-
-
 def test_rbac_rule_of_a_request() -> None:
     assert rbac_rule("GET", "/api/v1/services?limit=500") == ("", "services", "list")
     assert rbac_rule("GET", "/api/v1/nodes?fieldSelector=metadata.name%3Da&watch=True") == (
@@ -312,12 +280,9 @@ def rules_seen_by_the_api_server() -> set[Rule]:
 
 def rbac_rules(docs: list[Doc]) -> set[Rule]:
     role = one(docs, "ClusterRole", "ipvsproxy")
-    out: set[Rule] = set()
     for rule in role["rules"]:
         assert set(rule) == {"apiGroups", "resources", "verbs"}, rule  # no resourceNames etc.
-        out |= {(g, r, v) for g in rule["apiGroups"] for r in rule["resources"]
-                for v in rule["verbs"]}
-    return out
+    return rules_of(role)
 
 
 def test_the_rbac_grants_exactly_the_verbs_the_code_uses(rendered: list[Doc]) -> None:
