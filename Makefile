@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 PYTHON ?= python3
 CMD ?= uname -r; modprobe ip_vs && ipvsadm -Ln
 
-.PHONY: setup host-packages venv kernel lint types unit test demo lab bench chaos capacity clean kind-e2e
+.PHONY: setup host-packages venv kernel lint types unit test demo lab bench chaos capacity soak clean kind-e2e
 
 setup: host-packages venv kernel
 
@@ -61,6 +61,12 @@ chaos: setup
 capacity: setup
 	$(PY) -m integration.vm.lab --timeout 3000 -- \
 		'IPVSPROXY_CAPACITY_FULL=1 python -m pytest -s -rP tests/kernel/test_capacity.py'
+
+# The long versions of two daemon tests of make test (tests/kernel/test_daemon.py): the API
+# server away for five minutes (issue 9), and one endpoint change among 5,000 services (issue 5).
+soak: setup
+	$(PY) -m integration.vm.lab --timeout 3000 -- \
+		'IPVSPROXY_DAEMON_LONG=1 python -m pytest -s -rP tests/kernel/test_daemon.py -k "api_server_away or among_many"'
 
 # Run any command inside the lab guest: make lab CMD='ipvsadm -Ln'
 lab: setup
