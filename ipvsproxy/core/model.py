@@ -12,6 +12,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network, ip_address, ip_network
+from socket import AF_INET, AF_INET6, inet_ntop, inet_pton
+from sys import intern as _intern
+from types import MappingProxyType
 from typing import Any, NamedTuple
 
 IPAddress = IPv4Address | IPv6Address
@@ -113,6 +116,10 @@ class EndpointSlice:
     endpoints: tuple[Endpoint, ...]
     weight: int = 1  # ipvsproxy.io/weight
     trigger_time: str = ""
+    # The text each endpoint's address was parsed from (addresses[0]), for the next version's
+    # parse: an address whose text is unchanged is taken from here, not looked up in _IPS, a
+    # dict of every address whose random reads miss the CPU caches. Not part of the value.
+    addr_texts: tuple[str, ...] = field(default=(), compare=False, repr=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,8 +156,8 @@ def _port(v: Any) -> int | None:
 
 
 # Parsed addresses by their text. A watch stream repeats the same pod and service addresses
-# over and over (an EndpointSlice update resends every endpoint), and ipaddress parsing is
-# most of what parsing an EndpointSlice costs (~12 us an address). Bounded: cleared when full.
+# over and over (an EndpointSlice update resends every endpoint), and parsing an address costs
+# as much as the rest of an endpoint (_parse_ip). Bounded: cleared when full.
 _IPS: dict[str, IPAddress] = {}
 _IPS_MAX = 1 << 18
 
@@ -162,7 +169,7 @@ def _ip(v: Any) -> IPAddress | None:
     if a is not None:
         return a
     try:
-        a = ip_address(v)
+        a = _parse_ip(v)
     except ValueError:
         return None
     if isinstance(a, IPv6Address) and a.ipv4_mapped is not None:
@@ -171,6 +178,22 @@ def _ip(v: Any) -> IPAddress | None:
         _IPS.clear()
     _IPS[v] = a
     return a
+
+
+def _parse_ip(text: str) -> IPAddress:
+    """ip_address(text), sooner: ip_address is Python (1.5 us an IPv4 address, 3.4 us IPv6),
+    and every pod a rollout replaces brings a new address. The C parser's result is taken only
+    when the text is its canonical form, which ip_address accepts too, as the same address;
+    any other text (leading zeros, a zone, upper case...) is left to ip_address."""
+    for family, cls in ((AF_INET, IPv4Address), (AF_INET6, IPv6Address)):
+        try:
+            packed = inet_pton(family, text)
+        except (OSError, ValueError):  # not this family; ValueError: a NUL or not ASCII
+            continue
+        if inet_ntop(family, packed) == text:
+            return cls(packed)
+        break
+    return ip_address(text)
 
 
 def _list(v: Any) -> list[Any]:
@@ -321,7 +344,28 @@ def parse_service(obj: Mapping[str, Any]) -> tuple[Service | None, list[Problem]
     return svc, problems
 
 
-def parse_endpoint_slice(obj: Mapping[str, Any]) -> tuple[EndpointSlice | None, list[Problem]]:
+# Shared by every endpoint without zone hints: `frozenset()` builds a new 216-byte, GC-tracked
+# object each time (no empty singleton since Python 3.10), ten per event and 100k at 100k
+# endpoints.
+_NO_ZONES: frozenset[str] = frozenset()
+_NO_MAP: Mapping[str, Any] = MappingProxyType({})
+_PROTOS = {p.value: p for p in Proto}
+
+
+def _map_or_none(v: Any) -> Mapping[str, Any] | None:
+    # `None` first: isinstance(None, Mapping) is the slow ABC check, and absent is the usual case
+    return None if v is None or not isinstance(v, _MAP) else v
+
+
+def parse_endpoint_slice(obj: Mapping[str, Any], prev: EndpointSlice | None = None,
+                         ) -> tuple[EndpointSlice | None, list[Problem]]:
+    """An EndpointSlice to proxy, or None (skipped: FQDN, no service-name label, not ours).
+
+    `prev`, what the previous version of this slice parsed to, never changes the value returned,
+    only its sharing: a part equal to prev's (an endpoint, the ports) is prev's object, and a
+    slice equal to prev is prev itself. A watch update changes one endpoint of many: the rest
+    then cost no allocation, no memory and no garbage collection, and compare by identity.
+    """
     ns, name, meta = _meta(obj)
     problems: list[Problem] = []
 
@@ -330,72 +374,120 @@ def parse_endpoint_slice(obj: Mapping[str, Any]) -> tuple[EndpointSlice | None, 
 
     if not name or not ns:
         return None, [bad("metadata.name and metadata.namespace are required")]
-    labels = _str_map(meta.get("labels"))
-    if LABEL_PROXY_NAME in labels or LABEL_HEADLESS in labels:
+    labels = _map_or_none(meta.get("labels")) or _NO_MAP
+    if isinstance(labels.get(LABEL_PROXY_NAME), str) or isinstance(labels.get(LABEL_HEADLESS), str):
         return None, []
-    svc = labels.get(LABEL_SERVICE_NAME, "")
-    if not svc:
+    svc = labels.get(LABEL_SERVICE_NAME)
+    if not svc or not isinstance(svc, str):
         return None, []  # kube-proxy ignores slices without the service-name label
     at = obj.get("addressType")
     if at not in ("IPv4", "IPv6"):
         if at != "FQDN":
             problems.append(bad(f"addressType {at!r} is not IPv4, IPv6 or FQDN; ignored"))
         return None, problems
-    family = 4 if at == "IPv4" else 6
+    family, addr_type = (4, IPv4Address) if at == "IPv4" else (6, IPv6Address)
+    if prev is not None and prev.family != family:
+        prev = None
+    old_ports = prev.ports if prev is not None else ()
     ports: list[SlicePort] = []
     for i, p in enumerate(_list(obj.get("ports"))):
         if not isinstance(p, _MAP):
             problems.append(bad(f"ports[{i}] is not an object; ignored"))
             continue
         pname = p.get("name") or ""
-        proto = p.get("protocol", "TCP")
+        proto_raw = p.get("protocol", "TCP")
+        proto = _PROTOS.get(proto_raw) if isinstance(proto_raw, str) else None
         port = _port(p.get("port"))
-        if not isinstance(pname, str) or not isinstance(proto, str) \
-                or proto not in Proto.__members__ or port is None:
+        if not isinstance(pname, str) or proto is None or port is None:
             if p.get("port") is not None:  # kube-proxy ignores nil ports silently
                 problems.append(bad(f"ports[{i}] is invalid (port {p.get('port')!r}, protocol "
-                                    f"{proto!r}); ignored"))
+                                    f"{proto_raw!r}); ignored"))
             continue
-        ports.append(SlicePort(pname, Proto(proto), port))
+        k = len(ports)
+        if k < len(old_ports) and (o := old_ports[k]).port == port and o.name == pname \
+                and o.protocol is proto:
+            ports.append(o)
+        else:
+            ports.append(SlicePort(pname, proto, port))
+    old_eps: tuple[Endpoint, ...] = ()
+    old_texts: tuple[str, ...] = ()
+    if prev is not None and len(prev.addr_texts) == len(prev.endpoints):  # not: built by hand
+        old_eps, old_texts = prev.endpoints, prev.addr_texts
+    n_old = len(old_eps)
     eps: list[Endpoint] = []
+    texts: list[str] = []
+    same = True  # every endpoint so far is prev's, at the same place
     for i, e in enumerate(_list(obj.get("endpoints"))):
         if not isinstance(e, _MAP):
             problems.append(bad(f"endpoints[{i}] is not an object; ignored"))
             continue
-        addrs = _list(e.get("addresses"))
-        a = _ip(addrs[0]) if addrs else None  # kube-proxy uses addresses[0] only
-        if a is None or a.version != family:
-            problems.append(bad(f"endpoints[{i}] address {addrs[:1]!r} is not a valid "
-                                f"IPv{family} address; ignored"))
-            continue
+        # This loop runs once per endpoint of every watch event: helpers are inlined, and an
+        # endpoint equal to prev's at the same place is compared, not built.
+        addrs = e.get("addresses")
+        text: Any = addrs[0] if isinstance(addrs, list) and addrs else None  # [0] only
+        k = len(eps)
+        if k < n_old and text == old_texts[k]:
+            text, a = old_texts[k], old_eps[k].addr  # the same text parses the same
+        else:
+            parsed = _ip(text)  # not None: text is a str
+            if parsed is None or parsed.__class__ is not addr_type:
+                problems.append(bad(f"endpoints[{i}] address {_list(addrs)[:1]!r} is not a "
+                                    f"valid IPv{family} address; ignored"))
+                continue
+            a = parsed
         cond = e.get("conditions")
-        cond = cond if isinstance(cond, _MAP) else {}
+        if cond is None or not isinstance(cond, _MAP):
+            cond = _NO_MAP
         hints = e.get("hints")
-        zones: frozenset[str] = frozenset()
+        zones = _NO_ZONES
         has_hints = False
-        if isinstance(hints, _MAP) and isinstance(hints.get("forZones"), list):
+        if hints is not None and isinstance(hints, _MAP) \
+                and isinstance(hints.get("forZones"), list):
             # endpointslicecache.go: an empty forZones list is no hint at all
             has_hints = bool(hints["forZones"])
             zones = frozenset(z["name"] for z in hints["forZones"]
-                              if isinstance(z, _MAP) and isinstance(z.get("name"), str))
+                              if isinstance(z, _MAP) and isinstance(z.get("name"), str)) \
+                or _NO_ZONES
         node = e.get("nodeName")
-        # _bool_or inlined: this loop runs once per endpoint of every watch event
+        node = node if node.__class__ is str else ""
         ready, serving, term = cond.get("ready"), cond.get("serving"), cond.get("terminating")
-        eps.append(Endpoint(a, ready if ready.__class__ is bool else True,
-                            serving if serving.__class__ is bool else True,
-                            term if term.__class__ is bool else False,
-                            node if node.__class__ is str else "", zones, has_hints))
-    ann = _str_map(meta.get("annotations"))
+        ready = ready if ready.__class__ is bool else True
+        serving = serving if serving.__class__ is bool else True
+        term = term if term.__class__ is bool else False
+        if k < n_old and old_eps[k] == (a, ready, serving, term, node, zones, has_hints):
+            ep = old_eps[k]
+        else:
+            same = False
+            # A node's name is one string (sys.intern), not one per endpoint: less memory, and
+            # the next version's compare finds it by identity.
+            ep = Endpoint(a, ready, serving, term, _intern(node), zones, has_hints)
+        eps.append(ep)
+        texts.append(text)
+    ann = _map_or_none(meta.get("annotations")) or _NO_MAP
     weight = 1
-    if ANN_WEIGHT in ann:
-        raw = ann[ANN_WEIGHT].strip()
+    raw_weight = ann.get(ANN_WEIGHT)
+    if isinstance(raw_weight, str):
+        raw = raw_weight.strip()
         if raw.isdigit() and raw.isascii() and int(raw) <= 65535:
             weight = int(raw)
         else:
-            problems.append(bad(f"annotation {ANN_WEIGHT}={ann[ANN_WEIGHT]!r} is not an "
+            problems.append(bad(f"annotation {ANN_WEIGHT}={raw_weight!r} is not an "
                                 "integer in 0..65535; using 1"))
-    return (EndpointSlice(ns, name, svc, family, tuple(ports), tuple(eps), weight,
-                          ann.get(ANN_TRIGGER_TIME, "")), problems)
+    trigger = ann.get(ANN_TRIGGER_TIME)
+    trigger = trigger if isinstance(trigger, str) else ""
+    port_t = tuple(ports)
+    if prev is not None:
+        if port_t == prev.ports:  # by identity, unless a port changed
+            port_t = prev.ports
+        if same and len(eps) == n_old:  # every endpoint is prev's
+            if old_eps is prev.endpoints and port_t is prev.ports and svc == prev.service \
+                    and weight == prev.weight and trigger == prev.trigger_time \
+                    and ns == prev.namespace and name == prev.name:
+                return prev, problems
+            return (EndpointSlice(ns, name, svc, family, port_t, old_eps, weight, trigger,
+                                  old_texts), problems)
+    return (EndpointSlice(ns, name, svc, family, port_t, tuple(eps), weight, trigger,
+                          tuple(texts)), problems)
 
 
 def parse_node(obj: Mapping[str, Any]) -> tuple[Node | None, list[Problem]]:

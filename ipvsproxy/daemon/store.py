@@ -204,25 +204,28 @@ class Store:
                 self.services[key] = svc
                 self._service_changed(key)
         elif kind == "EndpointSlice":
-            sl, probs = parse_endpoint_slice(obj)
+            old = self.slices.get(key)
+            # Given the value held, the parse shares its unchanged parts and returns it as is
+            # when nothing the proxy reads changed: no new objects, and no deep compare here.
+            sl, probs = parse_endpoint_slice(obj, old)
             self._report(kind, key, probs)
             if sl is None:
                 self._delete(kind, key, keep_problems=True)
                 return
-            old = self.slices.get(key)
-            if old == sl:
+            if sl is old:
                 return
             self.slices[key] = sl
-            if old is not None and old.service != sl.service:
-                self._unlink(old, key)
-            self._slices_of.setdefault((sl.namespace, sl.service), set()).add(key)
+            sid = (sl.namespace, sl.service)
+            if old is None or old.service != sl.service:
+                if old is not None:  # moved to another service: the old one changed too
+                    self._unlink(old, key)
+                    self._endpoints_changed((old.namespace, old.service))
+                self._slices_of.setdefault(sid, set()).add(key)
             if sl.trigger_time:
                 t = _parse_time(sl.trigger_time)
                 if t is not None:
                     self._pending.trigger_times.append(t)
-            self._endpoints_changed((sl.namespace, sl.service))
-            if old is not None and old.service != sl.service:
-                self._endpoints_changed((old.namespace, old.service))
+            self._endpoints_changed(sid)
 
     def _delete(self, kind: str, key: tuple[str, str], keep_problems: bool = False) -> None:
         if not keep_problems:
