@@ -169,26 +169,16 @@ class DummyLink:
         automatic, so one found here was put here and is listed.)"""
         idx = self._required_index()
         family = {None: socket.AF_UNSPEC, 4: socket.AF_INET, 6: socket.AF_INET6}[version]
-        out: set[IPAddress] = set()
-        seq = 1
         with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE) as sock:
-            sock.send(addr_dump_request(family, seq))
-            while True:  # the dump's parts, until NLMSG_DONE
-                for mt, _f, got, payload in c.iter_messages(sock.recv(1 << 20)):
-                    if got != seq:
-                        continue
-                    if mt == c.NLMSG_DONE:
-                        return frozenset(out)
-                    if mt == c.NLMSG_ERROR:
-                        code = c.error_code(payload)
-                        if not code:  # an ack: nothing more is coming
-                            return frozenset(out)
-                        raise DummyLinkError(f"listing the addresses of {self.name}: "
-                                             f"{errno.errorcode.get(code, code)}")
-                    if mt == RTM_NEWADDR:
-                        addr = decode_addr_payload(payload, idx)
-                        if addr is not None and not (addr.version == 6 and addr.is_link_local):
-                            out.add(addr)
+            sock.send(addr_dump_request(family, 1))
+            try:
+                payloads = c.replies(lambda: sock.recv(1 << 20), 1,
+                                     f"listing the addresses of {self.name}")
+            except OSError as exc:
+                raise DummyLinkError(str(exc)) from exc
+        found = (decode_addr_payload(p, idx) for p in payloads)  # all RTM_NEWADDR
+        return frozenset(a for a in found
+                         if a is not None and not (a.version == 6 and a.is_link_local))
 
     def add(self, addrs: Iterable[IPAddress]) -> None:
         """Bind each address as /32 or /128; present ones are replaced in place (no error)."""

@@ -255,24 +255,7 @@ class IpvsClient:
         """Send one request (not a dump), return the payloads of its replies (raise on error)."""
         seq = self._next_seq()
         self.sock.send(c.message(self.family, cmd, c.NLM_F_REQUEST | c.NLM_F_ACK, seq, attrs))
-        out: list[memoryview] = []
-        while True:
-            buf = self._recv()
-            done = False
-            for mtype, _flags, mseq, payload in c.iter_messages(buf):
-                if mseq != seq:
-                    continue
-                if mtype == c.NLMSG_DONE:
-                    done = True
-                elif mtype == c.NLMSG_ERROR:
-                    err = c.error_code(payload)
-                    if err:
-                        raise OSError(err, f"IPVS command {cmd}: {os.strerror(err)}")
-                    done = True
-                else:
-                    out.append(payload)  # without a dump, an ack follows the reply
-            if done:
-                return out
+        return c.replies(self._recv, seq, f"IPVS command {cmd}")
 
     def services(self, stats: bool = True) -> list[tuple[VirtualServer, Stats]]:
         out: list[tuple[VirtualServer, Stats]] = []

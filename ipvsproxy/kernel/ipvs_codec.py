@@ -10,6 +10,7 @@ against pyroute2's own encoder (tests/unit/test_ipvs_codec.py).
 
 from __future__ import annotations
 
+import os
 import struct
 from collections.abc import Callable, Iterator, Sequence
 from ipaddress import IPv4Address, IPv6Address
@@ -152,6 +153,28 @@ def iter_messages(buf: bytes | memoryview) -> Iterator[tuple[int, int, int, memo
         off += (length + 3) & ~3
     if off < end and any(mv[off:end]):
         raise DecodeError(f"{end - off} trailing bytes after the last netlink message")
+
+
+def replies(recv: Callable[[], bytes], seq: int, what: str) -> list[memoryview]:
+    """The payloads answering request `seq` (a dump's parts, or a reply before its ack), read
+    with recv() until its NLMSG_DONE or NLMSG_ERROR; an error raises OSError naming `what`."""
+    out: list[memoryview] = []
+    while True:
+        done = False
+        for mtype, _flags, mseq, payload in iter_messages(recv()):
+            if mseq != seq:
+                continue
+            if mtype == NLMSG_DONE:
+                done = True
+            elif mtype == NLMSG_ERROR:
+                err = error_code(payload)
+                if err:
+                    raise OSError(err, f"{what}: {os.strerror(err)}")
+                done = True  # the ack
+            else:
+                out.append(payload)
+        if done:
+            return out
 
 
 def error_code(payload: memoryview) -> int:

@@ -476,3 +476,26 @@ def test_read_dump_stops_at_the_buffer_with_its_done() -> None:
         sock = _Replay([*bufs, b"next"])
         assert _read_dump(sock, view, SEQ) == (want, end)  # type: ignore[arg-type]
         assert sock.bufs == [b"next"]
+
+
+def test_replies_collects_one_request_until_done_or_error() -> None:
+    """c.replies: payloads of the request's seq across buffers, other seqs skipped, ended by
+    NLMSG_DONE or an ack; an error raises OSError naming what was asked."""
+    import errno
+
+    def msg(mtype: int, seq: int, payload: bytes) -> bytes:
+        return struct.pack("=IHHII", 16 + len(payload), mtype, 0, seq, 0) + payload
+
+    def feed(*bufs: bytes) -> Callable[[], bytes]:
+        it = iter(bufs)
+        return lambda: next(it)
+
+    data = [msg(20, 5, b"abcd"), msg(20, 4, b"zzzz"), msg(20, 5, b"efgh")]
+    got = c.replies(feed(data[0] + data[1], data[2], msg(c.NLMSG_DONE, 5, b"\0" * 4)), 5, "x")
+    assert [bytes(p) for p in got] == [b"abcd", b"efgh"]
+    ack = msg(c.NLMSG_ERROR, 5, struct.pack("=i", 0) + b"\0" * 16)
+    assert [bytes(p) for p in c.replies(feed(data[0] + ack), 5, "x")] == [b"abcd"]
+    err = msg(c.NLMSG_ERROR, 5, struct.pack("=i", -errno.ENODEV) + b"\0" * 16)
+    with pytest.raises(OSError, match="listing things") as info:
+        c.replies(feed(err), 5, "listing things")
+    assert info.value.errno == errno.ENODEV
