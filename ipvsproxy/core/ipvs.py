@@ -4,17 +4,18 @@ These are the words every other part speaks: the desired state produces them, th
 observes and applies them, the ipvsadm renderer prints them. Constants follow
 include/uapi/linux/ip_vs.h.
 
-The values a dump builds per real server (DestKey, RealServer, Stats, ObservedDest) are
-NamedTuples, not dataclasses: a tuple type is built in C (a frozen dataclass sets each field
-through object.__setattr__, about 8x slower) and hashes in C. They are immutable all the same;
-change a field with `_replace` (not dataclasses.replace). Unlike dataclasses they compare equal
-to a plain tuple of the same values.
+Every value here is a NamedTuple, not a dataclass: a tuple type is built in C (a frozen
+dataclass sets each field through object.__setattr__, about 8x slower), hashes in C (ServiceKey
+is the key of every diff), and importing dataclasses pulls in inspect, ast and re, which costs
+`ipvsproxy ls` a fifth of a second under emulation. They are immutable all the same; change a
+field with `_replace` (not dataclasses.replace). Unlike dataclasses they compare equal to a
+plain tuple of the same values, and order as tuples do (ServiceKey: af, protocol, addr, port,
+fwmark, which is what the dataclass's order=True compared too).
 """
 
 from __future__ import annotations
 
 import socket
-from dataclasses import dataclass, field
 from enum import IntEnum
 from ipaddress import IPv4Address, IPv6Address
 from typing import NamedTuple
@@ -51,8 +52,7 @@ class Fwd(IntEnum):
     BYPASS = 4
 
 
-@dataclass(frozen=True, slots=True, order=True)
-class ServiceKey:
+class ServiceKey(NamedTuple):
     """What identifies a virtual server: (af, protocol, addr, port) or (af, fwmark)."""
 
     af: int
@@ -76,8 +76,7 @@ class ServiceKey:
         return f"{self.protocol.name} {host}:{self.port}"
 
 
-@dataclass(frozen=True, slots=True)
-class VirtualServer:
+class VirtualServer(NamedTuple):
     """A virtual server as configured (no counters). flags never include SVC_F_HASHED."""
 
     key: ServiceKey
@@ -149,17 +148,15 @@ class ObservedDest(NamedTuple):
     stats: Stats = Stats()
 
 
-@dataclass(frozen=True, slots=True)
-class ObservedService:
+class ObservedService(NamedTuple):
     """A virtual server as the kernel reports it, with its real servers and counters."""
 
     service: VirtualServer
     dests: tuple[ObservedDest, ...] = ()
-    stats: Stats = field(default_factory=Stats)
+    stats: Stats = Stats()
 
 
-@dataclass(frozen=True, slots=True)
-class IpvsInfo:
+class IpvsInfo(NamedTuple):
     """IPVS_CMD_GET_INFO: the IPVS version and the connection hash table size."""
 
     version: int  # (major << 16) | (minor << 8) | patch
@@ -171,8 +168,7 @@ class IpvsInfo:
         return f"{v >> 16}.{(v >> 8) & 0xFF}.{v & 0xFF}"
 
 
-@dataclass(frozen=True, slots=True)
-class Timeouts:
+class Timeouts(NamedTuple):
     """Connection timeouts in seconds (ipvsadm --set tcp tcpfin udp)."""
 
     tcp: int

@@ -72,7 +72,7 @@ def observed(d: Desired, **changes: Any) -> Observed:
                     have = chains[(fam, table)].get(j.chain, ())
                     chains[(fam, table)][j.chain] = (*have, jump_line(j))
     obs = Observed(
-        services={k: ObservedService(replace(v, flags=v.flags | SVC_F_HASHED),
+        services={k: ObservedService(v._replace(flags=v.flags | SVC_F_HASHED),
                                      tuple(ObservedDest(rs) for rs in d.dests.get(k, ())))
                   for k, v in d.services.items()},
         sets=dict(d.sets), specs={s.name: s for s in d.specs}, link=True,
@@ -203,7 +203,7 @@ def _with_gone_endpoint(proto: str, active: int, inactive: int, weight: int,
                         persist)
     obs = observed(d)
     svcs = dict(obs.services)
-    svcs[k] = replace(svcs[k], dests=(*svcs[k].dests, gone))
+    svcs[k] = svcs[k]._replace(dests=(*svcs[k].dests, gone))
     return diff(d, replace(obs, services=svcs))
 
 
@@ -240,7 +240,7 @@ def test_returning_real_server_is_weighted_back_up() -> None:
     k = next(iter(d.services))
     drained = tuple(ObservedDest(RealServer(o.dest.key, o.dest.fwd, 0), 3)
                     for o in obs.services[k].dests)
-    plan = diff(d, replace(obs, services={k: replace(obs.services[k], dests=drained)}))
+    plan = diff(d, replace(obs, services={k: obs.services[k]._replace(dests=drained)}))
     assert ops(plan) == [("EDIT_DEST", "TCP 10.96.0.10:80", "10.244.1.5:8080", 1),
                          ("EDIT_DEST", "TCP 10.96.0.10:80", "10.244.2.7:8080", 1)]
 
@@ -345,7 +345,7 @@ def test_virtual_server_attributes(kernel: VirtualServer, expected: list[str]) -
     d = desired(*WEB)
     obs = observed(d)
     k = kernel.key
-    plan = diff(d, replace(obs, services={k: replace(obs.services[k], service=kernel)}))
+    plan = diff(d, replace(obs, services={k: obs.services[k]._replace(service=kernel)}))
     assert [o[0] for o in ops(plan)] == expected
     if expected:
         assert plan.steps[0].lines() == ["ipvsadm -E -t 10.96.0.10:80 -s rr"]
