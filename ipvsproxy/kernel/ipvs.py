@@ -23,6 +23,7 @@ import gc
 import os
 import socket
 from collections.abc import Iterable, Sequence
+from itertools import repeat
 from types import TracebackType
 
 from ipvsproxy.core.ipvs import (
@@ -37,6 +38,8 @@ from ipvsproxy.core.ipvs import (
     VirtualServer,
 )
 from ipvsproxy.kernel import ipvs_codec as c
+
+_new = tuple.__new__  # a NamedTuple from the tuple of its fields, in C
 
 NETLINK_GENERIC = 16
 SOL_NETLINK = 270
@@ -312,7 +315,7 @@ class IpvsClient:
         stretches run faster than finely interleaved (each evicts the other's translated code
         from the emulator's cache)."""
         out: list[ObservedService] = []
-        decode, view, family = self._decoder.dests, self._view, self.family
+        view, family = self._view, self.family
         replies: list[tuple[int, list[bytes], int | None]] = []
         size = 0
         for start in range(0, len(services), len(socks)):
@@ -328,21 +331,40 @@ class IpvsClient:
                 size += sum(map(len, bufs))
             if size < COLLECT and start + len(socks) < len(services):
                 continue
-            for (seq, bufs, end), (vs, st) in zip(replies, services[len(out):], strict=False):
-                dests: list[ObservedDest] = []
-                af, err = vs.key.af, end
-                for buf in bufs:
-                    got = decode(memoryview(buf), seq, af, dests, stats)
-                    if got is not None:
-                        err = got
-                        break
-                if err is None:
-                    raise c.DecodeError("a real-server dump ended without NLMSG_DONE")
-                if err:
-                    raise OSError(err, f"IPVS command {c.CMD_GET_DEST}: {os.strerror(err)}")
-                out.append(ObservedService(vs, tuple(dests), st))
+            part = services[len(out):len(out) + len(replies)]
+            part_vs, part_st = [vs for vs, _ in part], [st for _, st in part]
+            by_af: dict[int, list[int]] = {}
+            for i, (vs, _) in enumerate(part):
+                by_af.setdefault(vs.key.af, []).append(i)
+            found: list[tuple[ObservedDest, ...]] = [()] * len(part)
+            for af, idx in by_af.items():
+                # The first one alone (it teaches the decoder the layout), the rest at once.
+                first = self._decode_dests(*replies[idx[0]], af, stats)
+                rest = [replies[i] for i in idx[1:]]
+                many = self._decoder.many_dests(rest, af, stats)
+                if many is None:
+                    many = [self._decode_dests(*r, af, stats) for r in rest]
+                for i, dests in zip(idx, [first, *many], strict=True):
+                    found[i] = dests
+            out += map(_new, repeat(ObservedService), zip(part_vs, found, part_st, strict=True))
             replies, size = [], 0
         return out
+
+    def _decode_dests(self, seq: int, bufs: list[bytes], end: int | None, af: int,
+                      stats: bool) -> tuple[ObservedDest, ...]:
+        """The real servers of one dump read by _read_dump, decoded buffer by buffer."""
+        dests: list[ObservedDest] = []
+        err = end
+        for buf in bufs:
+            got = self._decoder.dests(memoryview(buf), seq, af, dests, stats)
+            if got is not None:
+                err = got
+                break
+        if err is None:
+            raise c.DecodeError("a real-server dump ended without NLMSG_DONE")
+        if err:
+            raise OSError(err, f"IPVS command {c.CMD_GET_DEST}: {os.strerror(err)}")
+        return tuple(dests)
 
     def get_service(self, key: ServiceKey) -> ObservedService | None:
         try:

@@ -385,6 +385,109 @@ def test_fast_decoder_skips_other_sequence_numbers_and_reports_errors() -> None:
         _fast_dests(dec, buf[:-9])
 
 
+def _with_seq(msg: bytes, seq: int) -> bytes:
+    return msg[:8] + struct.pack("=I", seq) + msg[12:]
+
+
+def _one_by_one(dec: c.DumpDecoder, replies: list[tuple[int, list[bytes], int | None]],
+                af: int = AF_INET, stats: bool = True) -> list[tuple[ObservedDest, ...]]:
+    out = []
+    for seq, bufs, _end in replies:
+        dests: list[ObservedDest] = []
+        for buf in bufs:
+            dec.dests(memoryview(buf), seq, af, dests, stats)
+        out.append(tuple(dests))
+    return out
+
+
+_dest_rows = st.lists(st.tuples(v4, ports, st.sampled_from([0, 1, 2, 3, 4, 7]),
+                                st.integers(0, 2**32 - 1), st.integers(0, 2**64 - 1)),
+                      min_size=0, max_size=12)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(_dest_rows, min_size=1, max_size=8), st.integers(1, 2**31 - 100),
+       st.integers(1, 5), st.booleans())
+def test_many_dumps_at_once_equal_one_by_one(services: list[list[Any]], seq0: int,
+                                             per_buf: int, stats: bool) -> None:
+    """many_dests over the dumps of several services (each dump's messages split over
+    buffers of per_buf messages, its NLMSG_DONE on its own) is what dests() reads from each."""
+    replies: list[tuple[int, list[bytes], int | None]] = []
+    for i, rows in enumerate(services):
+        msgs = [_with_seq(_kernel_dest(a.packed, AF_INET, p, f, w, n), seq0 + i)
+                for a, p, f, w, n in rows]
+        bufs = [b"".join(msgs[j:j + per_buf]) for j in range(0, len(msgs), per_buf)]
+        replies.append((seq0 + i, bufs, 0))
+    dec = c.DumpDecoder()
+    want = _one_by_one(dec, replies, stats=stats)  # (and the layout is learned)
+    assert [len(d) for d in want] == [len(rows) for rows in services]
+    assert dec.many_dests(replies, AF_INET, stats) == want
+
+
+def test_many_dumps_at_once_fall_back_to_one_by_one() -> None:
+    """None (decode one by one) when any message is not of the learned layout or not of its
+    own dump, or a dump did not end with an NLMSG_DONE of its own; never a wrong answer."""
+    def dest(i: int, seq: int) -> bytes:
+        return _with_seq(_kernel_dest(IPv4Address(0x0A000000 + i).packed, AF_INET, 80, 0, 1, i),
+                         seq)
+
+    dec = c.DumpDecoder()
+    good = [(10, [dest(1, 10) + dest(2, 10)], 0), (11, [dest(3, 11)], 0)]
+    assert dec.many_dests(good, AF_INET) is None  # nothing learned yet
+    want = _one_by_one(dec, good)
+    assert dec.many_dests(good, AF_INET) == want
+    assert dec.many_dests([], AF_INET) == []
+    assert dec.many_dests([(12, [], 0)], AF_INET) == [()]
+    assert dec.many_dests([(*good[0][:2], None), good[1]], AF_INET) is None  # DONE in the data
+    assert dec.many_dests([good[0], (11, [dest(3, 11)], 2)], AF_INET) is None  # ENOENT
+    swapped = [(10, [dest(1, 11) + dest(2, 10)], 0), good[1]]  # another dump's message
+    assert dec.many_dests(swapped, AF_INET) is None
+    other = _dest_msg(RealServer(DestKey(IPv4Address("10.0.0.9"), 80)), 1, seq=11)
+    assert dec.many_dests([good[0], (11, [other], 0)], AF_INET) is None  # another layout
+    odd = bytearray(dest(3, 11))
+    odd[46] ^= 0xFF  # an attribute type changed (the port's), the length not
+    assert dec.many_dests([good[0], (11, [bytes(odd)], 0)], AF_INET) is None
+
+
+def test_a_dump_shares_address_objects_with_the_dump_before() -> None:
+    def dest(i: int, seq: int) -> bytes:
+        return _with_seq(_kernel_dest(IPv4Address(0x0A000000 + i).packed, AF_INET, 80, 0, 1, 0),
+                         seq)
+
+    dec = c.DumpDecoder()
+    first = [(10, [dest(0, 10)], 0), (11, [dest(1, 11) + dest(2, 11)], 0)]
+    _one_by_one(dec, first[:1])
+    got = dec.many_dests(first[1:], AF_INET)
+    assert got is not None and [str(d.dest.key.addr) for d in got[0]] == ["10.0.0.1", "10.0.0.2"]
+    dec.new_dump()
+    again = dec.many_dests([(12, [dest(2, 12) + dest(3, 12)], 0)], AF_INET)
+    assert again is not None
+    assert [str(d.dest.key.addr) for d in again[0]] == ["10.0.0.2", "10.0.0.3"]
+    assert again[0][0].dest.key.addr is got[0][1].dest.key.addr  # the same object
+    assert type(again[0][1].dest.key.addr) is IPv4Address
+    dec.new_dump()
+    dec.new_dump()  # two dumps on: nothing of the first one is held any more
+    assert not dec.addrs and not dec.addrs.before
+
+
+def test_covers_checks_every_message_of_a_long_run() -> None:
+    dec = c.DumpDecoder()
+    msgs = [_kernel_dest(IPv4Address(0x0A000000 + i).packed, AF_INET, 80, 0, 1, 0)
+            for i in range(200)]
+    _one_by_one(dec, [(SEQ, [msgs[0]], 0)])
+    shape = next(iter(dec._dest_shapes[AF_INET].values()))[0].shape
+    blob = b"".join(msgs)
+    assert shape.covers(memoryview(blob))
+    for k in (0, 1, 63, 64, 131, len(msgs) - 1):
+        bad = bytearray(blob)
+        bad[k * shape.size + 22] ^= 0x01  # an attribute type, message k
+        assert not shape.covers(memoryview(bytes(bad))), k
+        pid = bytearray(blob)
+        pid[k * shape.size + 12] ^= 0x01  # the port id is not part of the layout
+        assert shape.covers(memoryview(bytes(pid)))
+    assert not shape.covers(memoryview(blob[:-4]))
+
+
 @settings(max_examples=200, deadline=None)
 @given(st.lists(services(), min_size=1, max_size=8))
 def test_fast_service_decoder_equals_generic(vss: list[VirtualServer]) -> None:
