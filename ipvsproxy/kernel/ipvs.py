@@ -9,11 +9,8 @@ send (netlink_rcv_skb walks every message of the buffer and acks each one, failu
 one failed operation never loses the others. NETLINK_CAP_ACK keeps acks small and a large receive
 buffer holds a whole batch of them.
 
-Real servers are dumped per virtual server (the kernel wants the service in the request), as
-ipvsadm does. One socket runs one dump at a time (netlink_dump_start answers EBUSY while a dump
-runs), so dump() pipelines them over many sockets: a request on each, then the replies of each,
-decoded once a few MiB are read. Each socket still runs one dump at a time, in order; in the
-emulated lab this is about 20% faster than one request after another (measured).
+Real servers are dumped per virtual server, pipelined over many sockets, in this process or in
+a forked child while this process decodes (ipvs_dump.py); the replies are decoded in batches.
 """
 
 from __future__ import annotations
@@ -38,6 +35,7 @@ from ipvsproxy.core.ipvs import (
     VirtualServer,
 )
 from ipvsproxy.kernel import ipvs_codec as c
+from ipvsproxy.kernel import ipvs_dump
 
 _new = tuple.__new__  # a NamedTuple from the tuple of its fields, in C
 
@@ -56,39 +54,6 @@ _RECV = 1 << 20
 _DUMP_RECV = 64 << 10  # a dump reply buffer (skb) is at most 32 KiB
 
 
-PIPELINE = 64  # sockets dump() runs real-server dumps on, one dump in flight on each
-COLLECT = 4 << 20  # bytes of replies dump() reads before it decodes them
-
-
-def _dump_socket() -> socket.socket:
-    sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_GENERIC)
-    sock.bind((0, 0))
-    sock.settimeout(30.0)
-    return sock
-
-
-def _read_dump(sock: socket.socket, view: memoryview, seq: int) -> tuple[list[bytes], int | None]:
-    """The data buffers of the dump `seq`, and how it ended: 0 (a buffer with NLMSG_DONE
-    first), the errno of an NLMSG_ERROR, or None when the NLMSG_DONE came at the end of the
-    last data buffer (the decoder meets it there).
-
-    An IPVS dump sends its NLMSG_DONE alone, in the buffer after the last data (ip_vs_ctl.c's
-    dump callbacks return the length they wrote, so netlink_dump ends the dump only on a call
-    that wrote nothing): the first message tells. A buffer that ends with what looks like our
-    NLMSG_DONE is walked message by message to be sure."""
-    bufs: list[bytes] = []
-    while True:
-        n = sock.recv_into(view)
-        if n >= 16:
-            _len, mtype, _flags, mseq, _pid = c.HDR.unpack_from(view)
-            if mseq == seq and mtype in (c.NLMSG_DONE, c.NLMSG_ERROR):
-                return bufs, c.error_code(view[16:n]) if mtype == c.NLMSG_ERROR else 0
-        bufs.append(view[:n].tobytes())
-        if n >= 36:
-            length, mtype, _flags, mseq, _pid = c.HDR.unpack_from(view, n - 20)
-            if (length, mtype, mseq) == (20, c.NLMSG_DONE, seq) and any(
-                    t == c.NLMSG_DONE and s == seq for t, _f, s, _p in c.iter_messages(view[:n])):
-                return bufs, None
 
 
 class IpvsUnavailable(RuntimeError):
@@ -297,62 +262,42 @@ class IpvsClient:
             services = self.services(stats)
             if not services:
                 return []
-            socks = [_dump_socket() for _ in range(min(PIPELINE, len(services)))]
-            try:
-                return self._dests_pipelined(services, socks, stats)
-            finally:
-                for sock in socks:
-                    sock.close()
+            keys = [vs.key for vs, _ in services]
+            seq = self._seq + 1
+            self._seq = (seq + len(keys)) & 0x7FFFFFFF
+            read = ipvs_dump.forked if ipvs_dump.may_fork(len(keys)) else ipvs_dump.in_process
+            out: list[ObservedService] = []
+            for replies in read(self.family, keys, seq):
+                out += self._decode_batch(replies, services[len(out):len(out) + len(replies)],
+                                          stats)
+            return out
         finally:
             if collecting:
                 gc.enable()
 
-    def _dests_pipelined(self, services: list[tuple[VirtualServer, Stats]],
-                         socks: list[socket.socket], stats: bool) -> list[ObservedService]:
-        """The real servers of every service. A request on every socket, then every reply
-        buffer of each (copied), again and again until COLLECT bytes are read; then the
-        decoding of those services. Under emulation, kernel work and Python work in long
-        stretches run faster than finely interleaved (each evicts the other's translated code
-        from the emulator's cache)."""
-        out: list[ObservedService] = []
-        view, family = self._view, self.family
-        replies: list[tuple[int, list[bytes], int | None]] = []
-        size = 0
-        for start in range(0, len(services), len(socks)):
-            part = services[start:start + len(socks)]
-            seqs = []
-            for sock, (vs, _) in zip(socks, part, strict=False):
-                seq = self._next_seq()
-                sock.send(c.dest_dump_request(family, seq, vs.key))
-                seqs.append(seq)
-            for sock, seq in zip(socks, seqs, strict=False):
-                bufs, end = _read_dump(sock, view, seq)
-                replies.append((seq, bufs, end))
-                size += sum(map(len, bufs))
-            if size < COLLECT and start + len(socks) < len(services):
-                continue
-            part = services[len(out):len(out) + len(replies)]
-            part_vs, part_st = [vs for vs, _ in part], [st for _, st in part]
-            by_af: dict[int, list[int]] = {}
-            for i, (vs, _) in enumerate(part):
-                by_af.setdefault(vs.key.af, []).append(i)
-            found: list[tuple[ObservedDest, ...]] = [()] * len(part)
-            for af, idx in by_af.items():
-                # The first one alone (it teaches the decoder the layout), the rest at once.
-                first = self._decode_dests(*replies[idx[0]], af, stats)
-                rest = [replies[i] for i in idx[1:]]
-                many = self._decoder.many_dests(rest, af, stats)
-                if many is None:
-                    many = [self._decode_dests(*r, af, stats) for r in rest]
-                for i, dests in zip(idx, [first, *many], strict=True):
-                    found[i] = dests
-            out += map(_new, repeat(ObservedService), zip(part_vs, found, part_st, strict=True))
-            replies, size = [], 0
-        return out
+    def _decode_batch(self, replies: list[ipvs_dump.Reply],
+                      part: list[tuple[VirtualServer, Stats]],
+                      stats: bool) -> list[ObservedService]:
+        """The services of `part` with the real servers of their dumps' replies."""
+        by_af: dict[int, list[int]] = {}
+        for i, (vs, _) in enumerate(part):
+            by_af.setdefault(vs.key.af, []).append(i)
+        found: list[tuple[ObservedDest, ...]] = [()] * len(part)
+        for af, idx in by_af.items():
+            # The first one alone (it teaches the decoder the layout), the rest at once.
+            first = self._decode_dests(*replies[idx[0]], af, stats)
+            rest = [replies[i] for i in idx[1:]]
+            many = self._decoder.many_dests(rest, af, stats)
+            if many is None:
+                many = [self._decode_dests(*r, af, stats) for r in rest]
+            for i, dests in zip(idx, [first, *many], strict=True):
+                found[i] = dests
+        return list(map(_new, repeat(ObservedService),
+                        zip([vs for vs, _ in part], found, [st for _, st in part], strict=True)))
 
     def _decode_dests(self, seq: int, bufs: list[bytes], end: int | None, af: int,
                       stats: bool) -> tuple[ObservedDest, ...]:
-        """The real servers of one dump read by _read_dump, decoded buffer by buffer."""
+        """The real servers of one dump (ipvs_dump.read_dump), decoded buffer by buffer."""
         dests: list[ObservedDest] = []
         err = end
         for buf in bufs:

@@ -802,7 +802,7 @@ class DumpDecoder:
     def many_dests(self, replies: Sequence[tuple[int, list[bytes], int | None]], svc_af: int,
                    stats: bool = True) -> list[tuple[ObservedDest, ...]] | None:
         """The real servers of many GET_DEST dumps (seq, data buffers, how it ended: see
-        ipvs._read_dump) of services of one family, in one pass: when every message of them has
+        ipvs_dump.read_dump) of services of one family, in one pass: when every message of them has
         one learned shape and its dump's sequence number, and every dump ended with an
         NLMSG_DONE of its own. That is the steady state of a dump; it saves the per-dump
         checks and calls, a third of the decoding at ten real servers a service. None: not so;

@@ -255,6 +255,30 @@ def test_ipvsadm_restored_rules_are_what_observe_returns(clean_ipvs: None, seed:
         assert client.get_service(missing) is None
 
 
+def test_a_dump_read_by_a_child_process_is_the_dump_read_here(
+        clean_ipvs: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Above FORK_MIN services a dump's real servers are read by a forked child (ipvs_dump);
+    the result is what this process reads itself, and what was restored."""
+    from ipvsproxy.kernel import ipvs_dump
+
+    rules = random_rules(random.Random(7), ipvs_dump.FORK_MIN + 300, 6)
+    subprocess.run(["ipvsadm", "-R"], input=restore_text(rules), text=True, check=True)
+    readers: list[str] = []
+    for name in ("forked", "in_process"):
+        real = getattr(ipvs_dump, name)
+        monkeypatch.setattr(ipvs_dump, name,
+                            lambda *a, _n=name, _f=real: (readers.append(_n), _f(*a))[1])
+    with IpvsClient() as client:
+        forked = client.dump()
+        assert readers == ["forked"]
+        monkeypatch.setattr(ipvs_dump, "FORK_MIN", 10**9)
+        here = client.dump()
+        assert readers == ["forked", "in_process"]
+    assert forked == here
+    assert_same({o.service.key: (_norm(o.service), {d.dest.key: d.dest for d in o.dests})
+                 for o in forked}, rules)
+
+
 def test_partial_failure_reports_exactly_the_failed_ops(clean_ipvs: None) -> None:
     a = VirtualServer(ServiceKey.inet(Protocol.TCP, IPv4Address("10.96.0.1"), 443), "rr")
     b = VirtualServer(ServiceKey.inet(Protocol.UDP, IPv4Address("10.96.0.10"), 53), "wrr")

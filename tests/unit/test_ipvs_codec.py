@@ -561,7 +561,7 @@ class _Replay:
 
 
 def test_read_dump_stops_at_the_buffer_with_its_done() -> None:
-    from ipvsproxy.kernel.ipvs import _read_dump
+    from ipvsproxy.kernel.ipvs_dump import read_dump as _read_dump
 
     view = memoryview(bytearray(1 << 16))
     data = b"".join(_dest_msg(RealServer(DestKey(IPv4Address(f"10.0.0.{i}"), 80)), i)
