@@ -1,13 +1,21 @@
-"""Command line: argparse only. Flags become arguments for one call into a subcommand module."""
+"""Command line: argparse only. Flags become arguments for one call into a subcommand module.
+
+One exception: `ipvsproxy ls` with ipvsadm's plain listing options is read by ls.quick_args
+without argparse (whose import, with re and gettext, is a tenth of a listing's time under
+emulation); anything else it does not know for sure goes through argparse as usual.
+"""
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import os
 import sys
 from collections.abc import Sequence
 from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import argparse
 
 from ipvsproxy import __version__
 
@@ -51,15 +59,20 @@ def _columns() -> int:
     return columns or 80
 
 
-class _Help(argparse.HelpFormatter):
-    def __init__(self, prog: str, indent_increment: int = 2, max_help_position: int = 24,
-                 width: int | None = None) -> None:
-        super().__init__(prog, indent_increment, max_help_position,
-                         _columns() - 2 if width is None else width)
+def _formatters() -> tuple[type[argparse.HelpFormatter], type[argparse.HelpFormatter]]:
+    """The help formatters (plain, raw description), sized to the terminal."""
+    import argparse
 
+    class _Help(argparse.HelpFormatter):
+        def __init__(self, prog: str, indent_increment: int = 2, max_help_position: int = 24,
+                     width: int | None = None) -> None:
+            super().__init__(prog, indent_increment, max_help_position,
+                             _columns() - 2 if width is None else width)
 
-class _RawHelp(_Help, argparse.RawDescriptionHelpFormatter):
-    pass
+    class _RawHelp(_Help, argparse.RawDescriptionHelpFormatter):
+        pass
+
+    return _Help, _RawHelp
 
 
 class CliError(Exception):
@@ -74,6 +87,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The whole command line. With `command`, only that subcommand's module is imported (the
     others are listed with their one-line help but take no arguments): `ipvsproxy ls` must not
     pay for importing what `sync` or `run` need."""
+    import argparse
+
+    _Help, _RawHelp = _formatters()
     parser = argparse.ArgumentParser(
         prog="ipvsproxy",
         description="ipvsproxy: a Kubernetes service proxy that programs Linux IPVS over netlink.",
@@ -114,6 +130,12 @@ def _command(argv: Sequence[str]) -> str | None:
 def main(argv: Sequence[str] | None = None) -> int:
     if argv is None:
         argv = sys.argv[1:]
+    if argv[:1] == ["ls"]:
+        from ipvsproxy.commands import ls
+
+        quick = ls.quick_args(argv[1:])
+        if quick is not None:
+            return _call(ls, quick)
     args = build_parser(_command(argv) or "").parse_args(argv)
     args.argv = list(argv)  # which flags were typed (run --config: typed flags beat the file)
     module = _load(args.command)
@@ -122,6 +144,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from ipvsproxy.logsetup import setup_logging
 
         setup_logging(args.verbosity, args.log_format)
+    return _call(module, args)
+
+
+def _call(module: ModuleType, args: Any) -> int:
     try:
         rc: int = module.run(args)
     except CliError as exc:

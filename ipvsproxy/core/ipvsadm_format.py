@@ -7,7 +7,7 @@ ipvsadm.c or libipvs/libipvs.c of ipvsadm 1.31 (Debian bookworm's 1:1.31-1) and 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from ipaddress import IPv4Address, IPv6Address
 from operator import itemgetter
 from socket import inet_ntoa as _ntoa
@@ -30,6 +30,7 @@ from ipvsproxy.core.ipvs import (
     ServiceKey,
     Stats,
     Timeouts,
+    VirtualServer,
 )
 
 IPAddress = IPv4Address | IPv6Address
@@ -500,6 +501,62 @@ def _plain_numeric_lines(dests: Sequence[ObservedDest], proto: int, fmt: int,
 
 _ADDR_PORT = itemgetter(0, 1)
 _PLAIN = "  -> %-28s %-7s %-6d %-10d %-10d"  # printf formats run twice as fast as f-strings
+
+
+def is_plain(fmt: int) -> bool:
+    """Whether fmt is the plain -Ln listing (list_plain's)."""
+    return fmt & _PLAIN_MASK == FMT_NUMERIC
+
+
+# The forwarding method of a real server by the low 3 bits of its IPVS_DEST_ATTR_FWD_METHOD,
+# as the dump decoder maps them to Fwd (ipvs_codec._FWDS: 4 is BYPASS, 5-7 read as MASQ).
+_LISTING_FWD = ("Masq", "Local", "Tunnel", "Route", _NULL, "Masq", "Masq", "Masq")
+
+
+def _cmp_rows(r1: tuple[int, ...], r2: tuple[int, ...]) -> int:
+    """cmp_dests for two IPv4 listing rows (address, port, ...)."""
+    return _int32(r1[0] - r2[0]) or r1[1] - r2[1]
+
+
+def listing_lines(rows: list[tuple[int, ...]], fmt: int) -> list[str]:
+    """The real-server lines of the plain -Ln listing from IPv4 listing rows (address as a
+    host-order integer, port, forwarding method (low 3 bits), weight, active, inactive), as
+    the kernel layer's listing_rows() reads them: the text _plain_numeric_lines makes of the
+    same real servers, in the same order (tested against it)."""
+    if len(rows) > 1 and not fmt & FMT_NOSORT:
+        first = [r[0] for r in rows]
+        # (address, port) is unique in a service: tuple order is sort_dests' order
+        rows = sorted(rows) if max(first) - min(first) < _WRAP else glibc_qsort(rows, _cmp_rows)
+    return [_PLAIN % (f"{_ntoa(n.to_bytes(4, 'big'))}:{port}", _LISTING_FWD[fwd & 7],
+                      weight if weight <= 0x7FFFFFFF else _int32(weight), act, inact)
+            for n, port, fwd, weight, act, inact in rows]
+
+
+def list_plain(info: IpvsInfo,
+               entries: Iterable[tuple[VirtualServer, list[tuple[int, ...]]
+                                       | tuple[ObservedDest, ...]]],
+               fmt: int, resolver: Resolver = NO_RESOLVER,
+               names: Mapping[ServiceKey, str] | None = None) -> str:
+    """list_all for the plain -Ln listing (is_plain(fmt)), from the kernel layer's
+    listing_rows(): each virtual server with its real servers as listing rows or as
+    ObservedDests. Each block is made as its entry comes (while the kernel is still being
+    read), then the blocks are put in ipvsadm's order."""
+    blocks: dict[ServiceKey, str] = {}
+    services = []
+    for vs, dests in entries:
+        svc = ObservedService(vs)
+        services.append(svc)
+        key = vs.key
+        line = _service_line(svc, service_name(key, fmt, resolver), fmt)
+        if names and key in names:
+            line += "  " + names[key]
+        lines = (listing_lines(dests, fmt) if isinstance(dests, list)
+                 else _plain_numeric_lines(dests, key.protocol, fmt, resolver))
+        lines.insert(0, line)
+        lines.append("")
+        blocks[key] = "\n".join(lines)
+    ordered = services if fmt & FMT_NOSORT else sort_services(services)
+    return version_line(info) + title(fmt) + "".join(blocks[s.service.key] for s in ordered)
 
 
 def title(fmt: int) -> str:

@@ -19,11 +19,12 @@ import errno as errno_mod
 import gc
 import os
 import socket
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from itertools import repeat
 from types import TracebackType
 
 from ipvsproxy.core.ipvs import (
+    AF_INET,
     IpvsInfo,
     IpvsOp,
     ObservedDest,
@@ -259,21 +260,53 @@ class IpvsClient:
         collecting = gc.isenabled()
         gc.disable()
         try:
-            services = self.services(stats)
-            if not services:
-                return []
-            keys = [vs.key for vs, _ in services]
-            seq = self._seq + 1
-            self._seq = (seq + len(keys)) & 0x7FFFFFFF
-            read = ipvs_dump.forked if ipvs_dump.may_fork(len(keys)) else ipvs_dump.in_process
             out: list[ObservedService] = []
-            for replies in read(self.family, keys, seq):
-                out += self._decode_batch(replies, services[len(out):len(out) + len(replies)],
-                                          stats)
+            for part, replies in self._batches(stats):
+                out += self._decode_batch(replies, part, stats)
             return out
         finally:
             if collecting:
                 gc.enable()
+
+    def listing_rows(self) -> Iterator[tuple[VirtualServer, list[tuple[int, ...]]
+                                             | tuple[ObservedDest, ...]]]:
+        """What `ls -Ln` prints, batch by batch as the replies come: every virtual server (in
+        kernel order) with its real servers, as codec.many_listing_rows() reads them where it
+        can (IPv4 real servers of the usual layout: no objects built), else as dump() does.
+        No counters."""
+        self._decoder.new_dump()
+        for part, replies in self._batches(False):
+            found: list[list[tuple[int, ...]] | tuple[ObservedDest, ...] | None] = \
+                [None] * len(part)
+            v4 = [i for i, (vs, _) in enumerate(part) if vs.key.af == AF_INET]
+            if v4:  # the first one alone, as objects: it teaches the decoder the layout
+                found[v4[0]] = self._decode_dests(*replies[v4[0]], AF_INET, False)
+                rows = self._decoder.many_listing_rows([replies[i] for i in v4[1:]], AF_INET)
+                for i, got in zip(v4[1:], rows or (), strict=False):
+                    found[i] = got
+            rest = [i for i, got in enumerate(found) if got is None]
+            if rest:
+                decoded = self._decode_batch([replies[i] for i in rest], [part[i] for i in rest],
+                                             False)
+                for i, svc in zip(rest, decoded, strict=True):
+                    found[i] = svc.dests
+            yield from zip([vs for vs, _ in part], found, strict=True)
+
+    def _batches(self, stats: bool) -> Iterator[tuple[list[tuple[VirtualServer, Stats]],
+                                                      list[ipvs_dump.Reply]]]:
+        """The virtual servers (one dump, kernel order) and, batch by batch, the replies of
+        their real-server dumps: read by a child process where that pays (ipvs_dump)."""
+        services = self.services(stats)
+        if not services:
+            return
+        keys = [vs.key for vs, _ in services]
+        seq = self._seq + 1
+        self._seq = (seq + len(keys)) & 0x7FFFFFFF
+        read = ipvs_dump.forked if ipvs_dump.may_fork(len(keys)) else ipvs_dump.in_process
+        done = 0
+        for replies in read(self.family, keys, seq):
+            yield services[done:done + len(replies)], replies
+            done += len(replies)
 
     def _decode_batch(self, replies: list[ipvs_dump.Reply],
                       part: list[tuple[VirtualServer, Stats]],

@@ -542,13 +542,31 @@ _DEST_ROWS = """def rows(values, append, addrs):
 """
 
 
+def _value(shape: Shape, path: tuple[int, ...]) -> str:
+    """A generated row's read of `path`: v[i], or 0 where it is absent (as the generic decoder
+    reads it)."""
+    i = shape.at.get(path)
+    return "0" if i is None else f"v[{int(i)}]"
+
+
+def _listing_rows(shape: Shape) -> Callable[[Iterable[tuple[Any, ...]],
+                                             Callable[[tuple[int, ...]], None]], None]:
+    addr, port, fwd, weight, act, inact = (
+        _value(shape, (A_DEST, t)) for t in (D_ADDR, D_PORT, D_FWD, D_WEIGHT, D_ACTIVE, D_INACT))
+    code = _LISTING_ROWS.format(addr=addr, port="0" if port == "0" else f"ntohs({port})",
+                                fwd=fwd, mask=CONN_F_FWD_MASK, weight=weight, act=act,
+                                inact=inact)
+    names: dict[str, Any] = {"ntohs": ntohs, "ntohl": ntohl}
+    exec(code, names)
+    return names["rows"]  # type: ignore[no-any-return]
+
+
 def _dest_rows(shape: Shape, stats: list[tuple[int, ...]] | None
                ) -> Callable[[Iterable[tuple[Any, ...]], Callable[[ObservedDest], None],
                               _Addrs], None]:
     """The generated row loop (above) of a learned dest shape; stats None: no counters."""
     def value(path: tuple[int, ...]) -> str:
-        i = shape.at.get(path)
-        return "0" if i is None else f"v[{int(i)}]"  # absent: what the generic decoder reads
+        return _value(shape, path)
 
     addr, port, fwd, weight, uth, lth, ttype, tport, tflags, act, inact, pers = map(value, _D)
     if stats is None:
@@ -571,8 +589,15 @@ def _dest_rows(shape: Shape, stats: list[tuple[int, ...]] | None
     return names["rows"]  # type: ignore[no-any-return]
 
 
+# The same for DumpDecoder.many_listing_rows: IPv4 real servers as `ls -Ln` prints them.
+_LISTING_ROWS = """def rows(values, append):
+    for v in values:
+        append((ntohl({addr}), {port}, {fwd} & {mask}, {weight}, {act}, {inact}))
+"""
+
+
 class _DestShape:
-    __slots__ = ("_rows", "addr_word", "shape")
+    __slots__ = ("_rows", "addr_word", "listing", "shape")
 
     def __init__(self, msg: memoryview, svc_af: int) -> None:
         heads: list[tuple[int, tuple[int, ...]]] = []
@@ -603,6 +628,7 @@ class _DestShape:
         # Where an IPv4 address is, in 32-bit words from the message start (for add_ipv4).
         addr_off = next(off for off, p in heads if p == (A_DEST, D_ADDR)) + 4
         self.addr_word = addr_off // 4 if af != AF_INET6 and addr_off % 4 == 0 else None
+        self.listing = _listing_rows(shape) if af != AF_INET6 else None
 
     def decode(self, buf: memoryview, off: int, end: int, seq: int, out: list[ObservedDest],
                dec: DumpDecoder, with_stats: bool) -> int:
@@ -802,16 +828,51 @@ class DumpDecoder:
     def many_dests(self, replies: Sequence[tuple[int, list[bytes], int | None]], svc_af: int,
                    stats: bool = True) -> list[tuple[ObservedDest, ...]] | None:
         """The real servers of many GET_DEST dumps (seq, data buffers, how it ended: see
-        ipvs_dump.read_dump) of services of one family, in one pass: when every message of them has
-        one learned shape and its dump's sequence number, and every dump ended with an
+        ipvs_dump.read_dump) of services of one family, in one pass: when every message of them
+        has one learned shape and its dump's sequence number, and every dump ended with an
         NLMSG_DONE of its own. That is the steady state of a dump; it saves the per-dump
         checks and calls, a third of the decoding at ten real servers a service. None: not so;
         decode them one by one with dests()."""
+        found = self._bulk(replies, svc_af)
+        if found is None:
+            return None
+        shape, blob, counts = found
+        if shape is None:
+            return [() for _ in replies]
+        size = shape.shape.size
+        if shape.addr_word is not None:
+            self.addrs.add_ipv4(blob.cast("I")[shape.addr_word::size >> 2].tolist())
+        flat: list[ObservedDest] = []
+        shape.rows(blob, flat, self, stats)
+        return [tuple(part) for part in _split(flat, counts)]
+
+    def many_listing_rows(self, replies: Sequence[tuple[int, list[bytes], int | None]],
+                          svc_af: int) -> list[list[tuple[int, ...]]] | None:
+        """What the plain `ls -Ln` listing prints of the real servers of many dumps, as
+        many_dests() would find them, without building them: per real server (address as a
+        host-order integer, port, forwarding method in the low 3 bits, weight, active and
+        inactive connections). For IPv4 real servers only; None as many_dests() (or IPv6)."""
+        found = self._bulk(replies, svc_af)
+        if found is None:
+            return None
+        shape, blob, counts = found
+        if shape is None:
+            return [[] for _ in replies]
+        if shape.listing is None:
+            return None
+        flat: list[tuple[int, ...]] = []
+        shape.listing(shape.shape.st.iter_unpack(blob), flat.append)
+        return _split(flat, counts)
+
+    def _bulk(self, replies: Sequence[tuple[int, list[bytes], int | None]], svc_af: int
+              ) -> tuple[_DestShape | None, memoryview, list[int]] | None:
+        """The learned shape, joined data and message counts of many dumps (see many_dests);
+        (None, ...) when they hold no real server at all; None when they can't be read at once."""
         if any(end != 0 for _, _, end in replies):
             return None
         blob = memoryview(b"".join([b for _, bufs, _ in replies for b in bufs]))
         if not blob:
-            return [() for _ in replies]
+            return None, blob, [0] * len(replies)
         for shape in self._dest_shapes.get(svc_af, {}).get(_U32.unpack_from(blob)[0], ()):
             size = shape.shape.size
             counts = [sum(map(len, bufs)) // size for _, bufs, _ in replies]
@@ -820,15 +881,7 @@ class DumpDecoder:
             want = list(chain.from_iterable(map(repeat, [q for q, _, _ in replies], counts)))
             if blob.cast("I")[2::size >> 2].tolist() != want:
                 return None
-            if shape.addr_word is not None:
-                self.addrs.add_ipv4(blob.cast("I")[shape.addr_word::size >> 2].tolist())
-            flat: list[ObservedDest] = []
-            shape.rows(blob, flat, self, stats)
-            out, at = [], 0
-            for n in counts:
-                out.append(tuple(flat[at:at + n]))
-                at += n
-            return out
+            return shape, blob, counts
         return None
 
     def services(self, buf: memoryview, seq: int, out: list[tuple[VirtualServer, Stats]],
@@ -849,6 +902,14 @@ def _learn(make: Callable[..., _T], *args: Any) -> _T | None:
         return make(*args)
     except DecodeError:  # an odd message: it stays on the generic path
         return None
+
+
+def _split(flat: list[_T], counts: Sequence[int]) -> list[list[_T]]:
+    out, at = [], 0
+    for n in counts:
+        out.append(flat[at:at + n])
+        at += n
+    return out
 
 
 def _message_at(buf: memoryview, off: int, end: int) -> tuple[memoryview, int, int]:

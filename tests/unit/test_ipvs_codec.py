@@ -422,6 +422,11 @@ def test_many_dumps_at_once_equal_one_by_one(services: list[list[Any]], seq0: in
     want = _one_by_one(dec, replies, stats=stats)  # (and the layout is learned)
     assert [len(d) for d in want] == [len(rows) for rows in services]
     assert dec.many_dests(replies, AF_INET, stats) == want
+    # what ls -Ln reads of them, without objects
+    assert dec.many_listing_rows(replies, AF_INET) == [
+        [(int(d.dest.key.addr), d.dest.key.port, f & 7, d.dest.weight, d.active_conns,
+          d.inact_conns) for d, (_a, _p, f, _w, _n) in zip(dests, rows, strict=True)]
+        for dests, rows in zip(want, services, strict=True)]
 
 
 def test_many_dumps_at_once_fall_back_to_one_by_one() -> None:
@@ -434,8 +439,11 @@ def test_many_dumps_at_once_fall_back_to_one_by_one() -> None:
     dec = c.DumpDecoder()
     good = [(10, [dest(1, 10) + dest(2, 10)], 0), (11, [dest(3, 11)], 0)]
     assert dec.many_dests(good, AF_INET) is None  # nothing learned yet
+    assert dec.many_listing_rows(good, AF_INET) is None
     want = _one_by_one(dec, good)
     assert dec.many_dests(good, AF_INET) == want
+    assert dec.many_listing_rows([good[1], good[0]], AF_INET) is not None
+    assert dec.many_listing_rows([(*good[0][:2], None), good[1]], AF_INET) is None
     assert dec.many_dests([], AF_INET) == []
     assert dec.many_dests([(12, [], 0)], AF_INET) == [()]
     assert dec.many_dests([(*good[0][:2], None), good[1]], AF_INET) is None  # DONE in the data

@@ -587,3 +587,38 @@ def test_plain_numeric_lines_equal_the_general_ones(ds: list[ObservedDest], v4_o
     fmt = N | (FMT_NOSORT if nosort else 0)
     want = [_dest_line("-", d, TCP, fmt, NO_RESOLVER) for d in (ds if nosort else sort_dests(ds))]
     assert _plain_numeric_lines(ds, TCP, fmt, NO_RESOLVER) == want
+
+
+_u32 = st.integers(0, 2**32 - 1)
+_listing_row = st.tuples(st.one_of(_u32, st.integers(0x0A000000, 0x0A00FFFF)),
+                         st.integers(0, 65535), st.integers(0, 7), _u32, _u32, _u32)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 2**32 - 1), st.sampled_from([TCP, UDP]),
+                          st.integers(0, 65535), st.lists(_listing_row, max_size=8),
+                          st.booleans()),
+                min_size=0, max_size=8, unique_by=lambda s: (s[0], s[1], s[2])),
+       st.sampled_from([FMT_NUMERIC, FMT_NUMERIC | FMT_NOSORT, FMT_NUMERIC | FMT_EXACT]),
+       st.booleans())
+def test_the_plain_listing_from_rows_is_the_listing_from_objects(
+        services: list[tuple[int, Protocol, int, list[tuple[int, ...]], bool]], fmt: int,
+        named: bool) -> None:
+    """list_plain over listing rows (what the kernel layer reads for ls -Ln without building
+    objects) prints what list_all prints for the same real servers as ObservedDests, whatever
+    the address spread (the comparison quirk), forwarding code, weight or order."""
+    from ipvsproxy.core.ipvsadm_format import is_plain, list_plain
+    from ipvsproxy.kernel.ipvs_codec import _FWDS
+
+    assert is_plain(fmt)
+    observed, entries = [], []
+    for addr, proto, port, rows, as_objects in services:
+        rows = list({(r[0], r[1]): r for r in rows}.values())  # a real server once
+        vs = VirtualServer(ServiceKey.inet(proto, IPv4Address(addr), port), "wrr")
+        dests = tuple(ObservedDest(RealServer(DestKey(IPv4Address(n), p), _FWDS[f], w), a, i)
+                      for n, p, f, w, a, i in rows)
+        observed.append(ObservedService(vs, dests))
+        entries.append((vs, dests if as_objects else rows))
+    names = {s.service.key: f"ns/svc{i}:http" for i, s in enumerate(observed)} if named else None
+    assert list_plain(INFO, entries, fmt, NO_RESOLVER, names) == \
+        list_all(INFO, observed, fmt, NO_RESOLVER, names)
