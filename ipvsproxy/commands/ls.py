@@ -8,17 +8,25 @@ comes from ipvsproxy.core.ipvsadm_format and ipvsadm_conn; this module does the 
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import gc
 import os
 import socket
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from ipaddress import IPv4Address, IPv6Address
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
-from ipvsproxy.core.ipvs import AF_INET, AF_INET6, Protocol, ServiceKey
+from ipvsproxy.core.ipvs import (
+    AF_INET,
+    AF_INET6,
+    IpvsInfo,
+    Protocol,
+    ServiceKey,
+    VirtualServer,
+)
 from ipvsproxy.core.ipvsadm_format import (
     FMT_EXACT,
     FMT_NOSORT,
@@ -34,10 +42,14 @@ from ipvsproxy.core.ipvsadm_format import (
     list_plain,
     list_service,
     list_timeout,
+    plain_block,
 )
 
 if TYPE_CHECKING:
     import argparse
+
+    from ipvsproxy.kernel.ipvs import IpvsClient
+    from ipvsproxy.kernel.ipvs_dump import Frame
 
 # A listing prints and exits: it skips structlog (whose import costs seconds in emulation).
 LOGS = False
@@ -386,9 +398,44 @@ def render(req: Request, names: dict[ServiceKey, str] | None = None) -> str:
             return list_service(svc, req.fmt, resolver, names)
         info = c.info()
         if is_plain(req.fmt):  # the plain -Ln listing: no objects built per real server
-            return list_plain(info, c.listing_rows(), req.fmt, resolver, names)
+            return _plain_listing(c, info, req.fmt, resolver, names)
         services = c.dump(stats=bool(req.fmt & (FMT_STATS | FMT_RATE)))
         return list_all(info, services, req.fmt, resolver, names)
+
+
+def _plain_listing(client: IpvsClient, info: IpvsInfo, fmt: int, resolver: SystemResolver,
+                   names: dict[ServiceKey, str] | None) -> str:
+    """The plain -Ln listing, in two processes where that pays (ipvs_dump.may_fork): the
+    virtual servers are listed here, then a forked child reads and formats the real servers of
+    the second half while this process does the first half, each on its own CPU (the kernel's
+    work for them included), and the blocks are put in ipvsadm's order here."""
+    from ipvsproxy.kernel import ipvs_dump
+
+    services = [vs for vs, _ in client.services(False)]
+    half = len(services) // 2 if ipvs_dump.may_fork(len(services)) else len(services)
+
+    def blocks(part: list[VirtualServer]) -> Iterator[str]:
+        for vs, dests in client.listing_rows(part, fork=False):
+            yield plain_block(vs, dests, fmt, resolver, names)
+
+    def theirs() -> Iterator[list[Frame]]:
+        frames: list[Frame] = []
+        size = 0
+        for i, block in enumerate(blocks(services[half:]), start=half):
+            frames.append((i, 0, block.encode()))
+            size += len(frames[-1][2])
+            if size >= ipvs_dump.FORK_COLLECT:
+                yield frames
+                frames, size = [], 0
+        yield frames
+
+    out = [""] * len(services)
+    with contextlib.ExitStack() as stack:
+        child = stack.enter_context(ipvs_dump.Child(theirs)) if half < len(services) else ()
+        out[:half] = blocks(services[:half])
+        for i, _, data in child:
+            out[i] = data.decode()
+    return list_plain(info, services, out, fmt)
 
 
 def run(args: argparse.Namespace | SimpleNamespace) -> int:

@@ -7,7 +7,7 @@ ipvsadm.c or libipvs/libipvs.c of ipvsadm 1.31 (Debian bookworm's 1:1.31-1) and 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from ipaddress import IPv4Address, IPv6Address
 from operator import itemgetter
 from socket import inet_ntoa as _ntoa
@@ -532,31 +532,31 @@ def listing_lines(rows: list[tuple[int, ...]], fmt: int) -> list[str]:
             for n, port, fwd, weight, act, inact in rows]
 
 
-def list_plain(info: IpvsInfo,
-               entries: Iterable[tuple[VirtualServer, list[tuple[int, ...]]
-                                       | tuple[ObservedDest, ...]]],
-               fmt: int, resolver: Resolver = NO_RESOLVER,
-               names: Mapping[ServiceKey, str] | None = None) -> str:
-    """list_all for the plain -Ln listing (is_plain(fmt)), from the kernel layer's
-    listing_rows(): each virtual server with its real servers as listing rows or as
-    ObservedDests. Each block is made as its entry comes (while the kernel is still being
-    read), then the blocks are put in ipvsadm's order."""
-    blocks: dict[ServiceKey, str] = {}
-    services = []
-    for vs, dests in entries:
-        svc = ObservedService(vs)
-        services.append(svc)
-        key = vs.key
-        line = _service_line(svc, service_name(key, fmt, resolver), fmt)
-        if names and key in names:
-            line += "  " + names[key]
-        lines = (listing_lines(dests, fmt) if isinstance(dests, list)
-                 else _plain_numeric_lines(dests, key.protocol, fmt, resolver))
-        lines.insert(0, line)
-        lines.append("")
-        blocks[key] = "\n".join(lines)
-    ordered = services if fmt & FMT_NOSORT else sort_services(services)
-    return version_line(info) + title(fmt) + "".join(blocks[s.service.key] for s in ordered)
+def plain_block(vs: VirtualServer, dests: list[tuple[int, ...]] | tuple[ObservedDest, ...],
+                fmt: int, resolver: Resolver = NO_RESOLVER,
+                names: Mapping[ServiceKey, str] | None = None) -> str:
+    """service_entry for the plain -Ln listing (is_plain(fmt)), the real servers given as the
+    kernel layer's listing_rows() gives them: listing rows or ObservedDests."""
+    key = vs.key
+    line = _service_line(ObservedService(vs), service_name(key, fmt, resolver), fmt)
+    if names and key in names:
+        line += "  " + names[key]
+    lines = (listing_lines(dests, fmt) if isinstance(dests, list)
+             else _plain_numeric_lines(dests, key.protocol, fmt, resolver))
+    lines.insert(0, line)
+    lines.append("")
+    return "\n".join(lines)
+
+
+def list_plain(info: IpvsInfo, services: Sequence[VirtualServer], blocks: Sequence[str],
+               fmt: int) -> str:
+    """list_all for the plain -Ln listing from the plain_block of each virtual server (both in
+    kernel order): the blocks in ipvsadm's order."""
+    if not fmt & FMT_NOSORT:
+        at = {vs.key: i for i, vs in enumerate(services)}
+        blocks = [blocks[at[s.service.key]]
+                  for s in sort_services([ObservedService(vs) for vs in services])]
+    return version_line(info) + title(fmt) + "".join(blocks)
 
 
 def title(fmt: int) -> str:

@@ -38,6 +38,8 @@ from ipvsproxy.core.ipvs import (
 from ipvsproxy.kernel import ipvs_codec as c
 from ipvsproxy.kernel import ipvs_dump
 
+_NO_STATS = Stats()
+
 _new = tuple.__new__  # a NamedTuple from the tuple of its fields, in C
 
 NETLINK_GENERIC = 16
@@ -268,14 +270,16 @@ class IpvsClient:
             if collecting:
                 gc.enable()
 
-    def listing_rows(self) -> Iterator[tuple[VirtualServer, list[tuple[int, ...]]
-                                             | tuple[ObservedDest, ...]]]:
+    def listing_rows(self, services: Sequence[VirtualServer] | None = None, fork: bool = True
+                     ) -> Iterator[tuple[VirtualServer, list[tuple[int, ...]]
+                                         | tuple[ObservedDest, ...]]]:
         """What `ls -Ln` prints, batch by batch as the replies come: every virtual server (in
-        kernel order) with its real servers, as codec.many_listing_rows() reads them where it
-        can (IPv4 real servers of the usual layout: no objects built), else as dump() does.
-        No counters."""
+        kernel order; or these ones) with its real servers, as codec.many_listing_rows() reads
+        them where it can (IPv4 real servers of the usual layout: no objects built), else as
+        dump() does. No counters. fork=False: no child process reads them."""
         self._decoder.new_dump()
-        for part, replies in self._batches(False):
+        given = None if services is None else [(vs, _NO_STATS) for vs in services]
+        for part, replies in self._batches(False, given, fork):
             found: list[list[tuple[int, ...]] | tuple[ObservedDest, ...] | None] = \
                 [None] * len(part)
             v4 = [i for i, (vs, _) in enumerate(part) if vs.key.af == AF_INET]
@@ -292,17 +296,21 @@ class IpvsClient:
                     found[i] = svc.dests
             yield from zip([vs for vs, _ in part], found, strict=True)
 
-    def _batches(self, stats: bool) -> Iterator[tuple[list[tuple[VirtualServer, Stats]],
+    def _batches(self, stats: bool, services: list[tuple[VirtualServer, Stats]] | None = None,
+                 fork: bool = True) -> Iterator[tuple[list[tuple[VirtualServer, Stats]],
                                                       list[ipvs_dump.Reply]]]:
-        """The virtual servers (one dump, kernel order) and, batch by batch, the replies of
-        their real-server dumps: read by a child process where that pays (ipvs_dump)."""
-        services = self.services(stats)
+        """The virtual servers (one dump, kernel order; or these) and, batch by batch, the
+        replies of their real-server dumps: read by a child process where that pays
+        (ipvs_dump) unless fork is False."""
+        if services is None:
+            services = self.services(stats)
         if not services:
             return
         keys = [vs.key for vs, _ in services]
         seq = self._seq + 1
         self._seq = (seq + len(keys)) & 0x7FFFFFFF
-        read = ipvs_dump.forked if ipvs_dump.may_fork(len(keys)) else ipvs_dump.in_process
+        forked = fork and ipvs_dump.may_fork(len(keys))
+        read = ipvs_dump.forked if forked else ipvs_dump.in_process
         done = 0
         for replies in read(self.family, keys, seq):
             yield services[done:done + len(replies)], replies

@@ -23,11 +23,10 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
-import signal
 import socket
 import struct
-import threading
-from collections.abc import Iterator, Sequence
+import sys
+from collections.abc import Callable, Iterator, Sequence
 
 from ipvsproxy.core.ipvs import ServiceKey
 from ipvsproxy.kernel import ipvs_codec as c
@@ -47,16 +46,19 @@ def may_fork(n_keys: int) -> bool:
     this process has no other thread (fork() copies only the calling thread; the child would be
     safe, see above, but Python 3.12 warns on any fork of a threaded process, and the daemon's
     periodic resync, its only threaded caller, is not in a hurry)."""
-    return n_keys >= FORK_MIN and threading.active_count() == 1 and hasattr(os, "fork")
+    threading = sys.modules.get("threading")  # never imported: no thread was ever started
+    single = threading is None or threading.active_count() == 1
+    return n_keys >= FORK_MIN and single and hasattr(os, "fork")
 
 # One dump's replies: its sequence number, its data buffers, and how it ended (_read_dump).
 Reply = tuple[int, list[bytes], int | None]
 
-# A reply on the pipe: how it ended (0, an errno, or _DONE_IN_DATA), its sequence number, and
-# the length of its data buffers, concatenated (a decoder reads them as one buffer the same).
-_FRAME = struct.Struct("=iII")
+# What a child writes to its pipe: frames of two integers and bytes (in_child). A dump reply
+# (forked) is how it ended (0, an errno, or _DONE_IN_DATA), its sequence number, its data.
+Frame = tuple[int, int, bytes]
+_FRAME = struct.Struct("=iII")  # a, b, the length of the data that follows
 _DONE_IN_DATA = -1  # end None: the NLMSG_DONE is at the end of the data
-_FAILED = -2  # the child failed: seq holds an errno (or 0), the data the message
+_FAILED = -2  # the child failed: b holds an errno (or 0), the data the message
 
 
 def dump_socket() -> socket.socket:
@@ -122,62 +124,93 @@ def forked(family: int, keys: Sequence[ServiceKey], seq: int) -> Iterator[list[R
     """in_process(), read by a forked child (see above): the same replies, in batches of about
     FORK_COLLECT bytes. A failure in the child is raised here as the OSError it was (or a
     RuntimeError)."""
-    rfd, wfd = os.pipe()
-    with contextlib.suppress(OSError, AttributeError):
-        fcntl.fcntl(wfd, fcntl.F_SETPIPE_SZ, PIPE_SIZE)
-    pid = os.fork()
-    if pid == 0:  # the child: nothing here may return or raise
-        code = 0
-        try:
-            os.close(rfd)
-            for replies in in_process(family, keys, seq, FORK_COLLECT):
-                _write_all(wfd, b"".join(
-                    _FRAME.pack(_DONE_IN_DATA if end is None else end, q, sum(map(len, bufs)))
-                    + b"".join(bufs) for q, bufs, end in replies))
-        except BaseException as exc:  # reported to the parent, which raises it
-            code = 1
-            with contextlib.suppress(BaseException):
-                text = f"{type(exc).__name__}: {exc}".encode(errors="replace")
-                _write_all(wfd, _FRAME.pack(_FAILED, getattr(exc, "errno", 0) or 0, len(text))
-                           + text)
-        os._exit(code)
-    os.close(wfd)
-    done = False
-    try:
-        with os.fdopen(rfd, "rb", buffering=1 << 20) as pipe:
-            yield from _read_frames(pipe, len(keys))
-        done = True
-    finally:
-        if not done:  # the caller stopped early or a frame was bad: don't wait for the rest
+    def produce() -> Iterator[list[Frame]]:
+        for replies in in_process(family, keys, seq, FORK_COLLECT):
+            # several buffers of a dump go as one: the decoders read them the same
+            yield [(_DONE_IN_DATA if end is None else end, q, b"".join(bufs))
+                   for q, bufs, end in replies]
+
+    replies: list[Reply] = []
+    size = count = 0
+    with Child(produce) as child:
+        for end, q, data in child:
+            replies.append((q, [data] if data else [], None if end == _DONE_IN_DATA else end))
+            size += len(data)
+            count += 1
+            if size >= FORK_COLLECT:
+                yield replies
+                replies, size = [], 0
+    if count != len(keys):
+        raise RuntimeError("the IPVS dump child stopped before the last dump")
+    if replies:
+        yield replies
+
+
+class Child:
+    """produce() run in a child forked now. Iterate for the frames (a, b, data: two integers and
+    bytes) it makes, in order, as they come through a pipe. A failure in the child is raised
+    here: an OSError with its errno, else a RuntimeError. close() (or leaving a `with`) before
+    the last frame kills the child; either way it is reaped."""
+
+    def __init__(self, produce: Callable[[], Iterator[list[Frame]]]) -> None:
+        rfd, wfd = os.pipe()
+        with contextlib.suppress(OSError, AttributeError):
+            fcntl.fcntl(wfd, fcntl.F_SETPIPE_SZ, PIPE_SIZE)
+        pid = os.fork()
+        if pid == 0:  # the child: nothing here may return or raise
+            code = 0
+            try:
+                os.close(rfd)
+                for frames in produce():
+                    _write_all(wfd, b"".join([_FRAME.pack(a, b, len(data)) + data
+                                              for a, b, data in frames]))
+            except BaseException as exc:  # reported to the parent, which raises it
+                code = 1
+                with contextlib.suppress(BaseException):
+                    said = f"{type(exc).__name__}: {exc}".encode(errors="replace")
+                    _write_all(wfd, _FRAME.pack(_FAILED, getattr(exc, "errno", 0) or 0,
+                                                len(said)) + said)
+            os._exit(code)
+        os.close(wfd)
+        self._pid: int | None = pid
+        self._pipe = os.fdopen(rfd, "rb", buffering=1 << 20)
+        self._done = False
+
+    def __iter__(self) -> Iterator[Frame]:
+        read = self._pipe.read
+        while head := read(_FRAME.size):
+            if len(head) != _FRAME.size:
+                raise RuntimeError("the child process stopped in the middle of its output")
+            a, b, length = _FRAME.unpack(head)
+            data = read(length)
+            if len(data) != length:
+                raise RuntimeError("the child process stopped in the middle of its output")
+            if a == _FAILED:
+                why = data.decode(errors="replace")
+                raise OSError(b, why) if b else RuntimeError(f"the child process: {why}")
+            yield a, b, data
+        self._done = True
+        self.close()
+
+    def close(self) -> None:
+        if self._pid is None:
+            return
+        pid, self._pid = self._pid, None
+        self._pipe.close()
+        if not self._done:  # stopped early or the output was bad: don't wait for the rest
+            import signal
+
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         _, status = os.waitpid(pid, 0)
-        if done and status:
-            raise RuntimeError(f"the IPVS dump child exited with status {status:#x}")
+        if self._done and status:
+            raise RuntimeError(f"the child process exited with status {status:#x}")
 
+    def __enter__(self) -> Child:
+        return self
 
-def _read_frames(pipe: object, count: int) -> Iterator[list[Reply]]:
-    read = pipe.read  # type: ignore[attr-defined]
-    replies: list[Reply] = []
-    size = 0
-    for _ in range(count):
-        head = read(_FRAME.size)
-        if len(head) != _FRAME.size:
-            raise RuntimeError("the IPVS dump child stopped before the last dump")
-        end, seq, length = _FRAME.unpack(head)
-        data = read(length)
-        if len(data) != length:
-            raise RuntimeError("the IPVS dump child stopped in the middle of a dump")
-        if end == _FAILED:
-            text = data.decode(errors="replace")
-            raise OSError(seq, text) if seq else RuntimeError(f"the IPVS dump child: {text}")
-        replies.append((seq, [data] if data else [], None if end == _DONE_IN_DATA else end))
-        size += length
-        if size >= FORK_COLLECT:
-            yield replies
-            replies, size = [], 0
-    if replies:
-        yield replies
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def _write_all(fd: int, data: bytes) -> None:

@@ -607,7 +607,7 @@ def test_the_plain_listing_from_rows_is_the_listing_from_objects(
     """list_plain over listing rows (what the kernel layer reads for ls -Ln without building
     objects) prints what list_all prints for the same real servers as ObservedDests, whatever
     the address spread (the comparison quirk), forwarding code, weight or order."""
-    from ipvsproxy.core.ipvsadm_format import is_plain, list_plain
+    from ipvsproxy.core.ipvsadm_format import is_plain, list_plain, plain_block
     from ipvsproxy.kernel.ipvs_codec import _FWDS
 
     assert is_plain(fmt)
@@ -620,5 +620,6 @@ def test_the_plain_listing_from_rows_is_the_listing_from_objects(
         observed.append(ObservedService(vs, dests))
         entries.append((vs, dests if as_objects else rows))
     names = {s.service.key: f"ns/svc{i}:http" for i, s in enumerate(observed)} if named else None
-    assert list_plain(INFO, entries, fmt, NO_RESOLVER, names) == \
+    blocks = [plain_block(vs, dests, fmt, NO_RESOLVER, names) for vs, dests in entries]
+    assert list_plain(INFO, [vs for vs, _ in entries], blocks, fmt) == \
         list_all(INFO, observed, fmt, NO_RESOLVER, names)
