@@ -194,6 +194,31 @@ def test_changed_weight_is_an_edit() -> None:
         ("EDIT_DEST", "TCP 10.96.0.10:80", "10.244.2.7:8080", 3)]
 
 
+def _kernel_order(obs: Observed) -> Observed:
+    """As the kernel lists real servers: newest first (list_add_rcu at the head)."""
+    return replace(obs, services={k: s._replace(dests=s.dests[::-1])
+                                  for k, s in obs.services.items()})
+
+
+@pytest.mark.parametrize("docs", [WEB, RICH], ids=["web", "rich"])
+def test_real_servers_listed_newest_first_are_the_steady_state(docs: list[Any]) -> None:
+    d = desired(*docs, cfg=CFG46)
+    assert any(len(v) > 1 for v in d.dests.values())
+    assert diff(d, _kernel_order(observed(d))) == Plan(())
+
+
+def test_in_kernel_order_a_changed_weight_is_an_edit_and_a_gone_pod_a_delete() -> None:
+    old = desired(*WEB)
+    new = desired(WEB[0], slice_("web", ep("10.244.1.5", NODE), ep("10.244.2.7", "node-b"),
+                                 port=8080, weight="3"))
+    assert ops(diff(new, _kernel_order(observed(old)))) == [
+        ("EDIT_DEST", "TCP 10.96.0.10:80", "10.244.1.5:8080", 3),
+        ("EDIT_DEST", "TCP 10.96.0.10:80", "10.244.2.7:8080", 3)]
+    fewer = desired(WEB[0], slice_("web", ep("10.244.1.5", NODE), port=8080))
+    assert [op[:3] for op in ops(diff(fewer, _kernel_order(observed(old))))] == [
+        ("DEL_DEST", "TCP 10.96.0.10:80", "10.244.2.7:8080")]
+
+
 def _with_gone_endpoint(proto: str, active: int, inactive: int, weight: int,
                         persist: int = 0) -> Plan:
     svc = service("s", "10.96.0.5", port(80, "p", proto))
