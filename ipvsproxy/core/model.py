@@ -256,10 +256,13 @@ def parse_service(obj: Mapping[str, Any]) -> tuple[Service | None, list[Problem]
     if raw_ips in ([None], ["None"], [""], []) or "None" in raw_ips:
         return None, []  # headless
     cluster_ips: list[IPAddress] = []
+    said: set[str] = set()  # a bad value listed twice is reported once
     for raw in raw_ips:
         a = _ip(raw)
         if a is None:
-            problems.append(bad(f"clusterIP {raw!r} is not a valid IP address; ignored"))
+            if (text := f"clusterIP {raw!r} is not a valid IP address; ignored") not in said:
+                said.add(text)
+                problems.append(bad(text))
         elif a.version not in {x.version for x in cluster_ips}:
             cluster_ips.append(a)
     if not cluster_ips:
@@ -294,7 +297,9 @@ def parse_service(obj: Mapping[str, Any]) -> tuple[Service | None, list[Problem]
     for raw in _list(spec.get("externalIPs")):
         a = _ip(raw)
         if a is None:
-            problems.append(bad(f"externalIP {raw!r} is not a valid IP address; ignored"))
+            if (text := f"externalIP {raw!r} is not a valid IP address; ignored") not in said:
+                said.add(text)
+                problems.append(bad(text))
         elif a not in ext:
             ext.append(a)
     lb: list[IPAddress] = []

@@ -52,6 +52,19 @@ def test_one_bad_port_is_reported_and_the_rest_kept() -> None:
     assert all(str(p).startswith("Service default/web: spec.ports[") for p in problems)
 
 
+def test_a_bad_address_listed_twice_is_reported_once() -> None:
+    """(Found by test_hostile_input: clusterIPs ['::ffff:10.200.7.0'] twice was reported
+    twice, once per copy.)"""
+    s, problems = parse_service(svc({
+        "clusterIPs": ["10.96.0.1", "x", [], "x", []], "externalIPs": ["y", "y", "1.2.3.4"],
+        "ports": [{"name": "a", "port": 80}]}))
+    assert s is not None and s.external_ips == (ip_address("1.2.3.4"),)
+    assert sorted(str(p) for p in problems) == [
+        "Service default/web: clusterIP 'x' is not a valid IP address; ignored",
+        "Service default/web: clusterIP [] is not a valid IP address; ignored",
+        "Service default/web: externalIP 'y' is not a valid IP address; ignored"]
+
+
 def test_loadbalancer_fields() -> None:
     obj = svc({"type": "LoadBalancer", "clusterIP": "10.96.3.3", "externalTrafficPolicy": "Local",
                "healthCheckNodePort": 32000, "loadBalancerSourceRanges": ["198.51.100.0/24"],
