@@ -51,25 +51,28 @@ class Failure:
 
 def observe(des: Desired) -> Observed:
     """Read what the kernel holds of everything `des` talks about."""
+    # `ipset save` and iptables-save run (on another CPU) while IPVS and kube-ipvs0 are read
+    with IPSets() as ipsets:
+        saved_sets = ipsets.start_read_all()
+    saved_rules = [(fam, iptables.start_save(fam)) for fam in des.families]
     # the diff reads no counters: skip decoding them
     with IpvsClient() as ipvs:
         services: dict[Any, Any] = {s.service.key: s for s in ipvs.dump(stats=False)}
         timeouts = ipvs.timeouts() if des.timeouts is not None else None
-    ours = {s.name for s in des.specs}
-    sets: dict[str, frozenset[str]] = {}
-    specs: dict[str, Any] = {}
-    with IPSets() as ipsets:
-        for name, saved in ipsets.read_all().items():
-            if name in ours:
-                sets[name] = saved.members
-                with contextlib.suppress(InvalidSpec):
-                    specs[name] = saved.spec()
     with DummyLink() as link:
         exists = link.index() is not None
         addrs = link.addresses() if exists else frozenset()
+    ours = {s.name for s in des.specs}
+    sets: dict[str, frozenset[str]] = {}
+    specs: dict[str, Any] = {}
+    for name, saved in saved_sets().items():
+        if name in ours:
+            sets[name] = saved.members
+            with contextlib.suppress(InvalidSpec):
+                specs[name] = saved.spec()
     chains: dict[Any, Any] = {}
-    for fam in des.families:
-        chains.update(iptables.chains_of(iptables.save(fam), fam))
+    for fam, rules in saved_rules:
+        chains.update(iptables.chains_of(rules(), fam))
     return Observed(services, sets, specs, exists, addrs, chains,
                     read_sysctls(k for k, _ in des.sysctls), timeouts)
 

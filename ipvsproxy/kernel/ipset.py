@@ -26,7 +26,7 @@ import dataclasses
 import errno
 import socket
 import subprocess
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
@@ -58,6 +58,7 @@ from ipvsproxy.core.ipset_text import (
     render_delta,
     temp_name,
 )
+from ipvsproxy.kernel.started import Started
 
 MIN_VERSION = (6, 0)  # what kube-proxy requires of the ipset tool
 _FAMILY = {Family.INET: socket.AF_INET, Family.INET6: socket.AF_INET6}
@@ -237,7 +238,19 @@ class IPSets:
 
     def read_all(self) -> dict[str, SavedSet]:
         """Every set with its members (`ipset save`)."""
-        return parse_save(self._run(["save"]).stdout)
+        return self.start_read_all()()
+
+    def start_read_all(self) -> Callable[[], dict[str, SavedSet]]:
+        """read_all(), its `ipset save` started now: call the result for what it returns."""
+        run = Started([self.binary, "save"])
+
+        def finish() -> dict[str, SavedSet]:
+            p = run.wait()
+            if p.returncode != 0:
+                raise IPSetToolError(f"ipset save: {p.stderr.strip()}")
+            return parse_save(p.stdout)
+
+        return finish
 
     def read(self, name: str) -> SavedSet:
         """One set with its members (`ipset save NAME`); NoSuchSet if it does not exist."""

@@ -8,7 +8,9 @@ that other agents on the node (CNI plugins, kubelet) also take.
 from __future__ import annotations
 
 import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+
+from ipvsproxy.kernel.started import Started
 
 
 class IptablesError(Exception):
@@ -36,15 +38,25 @@ def parse_save(text: str) -> dict[str, dict[str, tuple[str, ...]]]:
 
 def save(family: int, tables: Sequence[str] = ("nat", "filter")
          ) -> dict[str, dict[str, tuple[str, ...]]]:
-    out: dict[str, dict[str, tuple[str, ...]]] = {}
-    for table in tables:
-        p = subprocess.run([_tool(family, "save"), "-t", table], capture_output=True,
-                           text=True, check=False)
-        if p.returncode != 0:
-            raise IptablesError(f"{_tool(family, 'save')} -t {table}: {p.stderr.strip()}")
-        out.update(parse_save(p.stdout))
-        out.setdefault(table, {})
-    return out
+    return start_save(family, tables)()
+
+
+def start_save(family: int, tables: Sequence[str] = ("nat", "filter")
+               ) -> Callable[[], dict[str, dict[str, tuple[str, ...]]]]:
+    """save(), its iptables-save runs started now: call the result for what save() returns."""
+    runs = [(table, Started([_tool(family, "save"), "-t", table])) for table in tables]
+
+    def finish() -> dict[str, dict[str, tuple[str, ...]]]:
+        out: dict[str, dict[str, tuple[str, ...]]] = {}
+        for table, run in runs:
+            p = run.wait()
+            if p.returncode != 0:
+                raise IptablesError(f"{_tool(family, 'save')} -t {table}: {p.stderr.strip()}")
+            out.update(parse_save(p.stdout))
+            out.setdefault(table, {})
+        return out
+
+    return finish
 
 
 def restore(family: int, payload: Sequence[str]) -> None:

@@ -14,7 +14,7 @@ import os
 import struct
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from ipaddress import IPv4Address, IPv6Address
-from itertools import chain, repeat
+from itertools import chain, filterfalse, repeat
 from operator import itemgetter
 from socket import htons, ntohl, ntohs
 from typing import Any, TypeVar
@@ -744,11 +744,14 @@ class _Addrs(dict[Any, "IPv4Address | IPv6Address"]):
     def add_ipv4(self, raws: Iterable[int]) -> None:
         """Hold the objects of these IPv4 addresses (native u32s), made in one go: before a
         decode of many real servers, which then only looks them up."""
-        need = set(raws).difference(self)
-        reuse = need.intersection(self.before)
+        # (filterfalse/filter with __contains__, not set.difference: a set's difference with
+        # a dict subclass walks the whole dict, every call.)
+        need = set(filterfalse(self.__contains__, raws))
+        before = self.before
+        reuse = list(filter(before.__contains__, need)) if before else []
         if reuse:
-            self.update(zip(reuse, map(self.before.__getitem__, reuse), strict=True))
-            need -= reuse
+            self.update(zip(reuse, map(before.__getitem__, reuse), strict=True))
+            need.difference_update(reuse)
         if need:
             self.update(zip(need, _ipv4_many(need), strict=True))
 
