@@ -250,7 +250,8 @@ def daemon_run(n: int, m: int, changes: int, tmp: Path) -> dict[str, Any]:
         rng = random.Random(8)
         clusterip = [i for i in range(n) if services[f"svc-{i}"]["spec"]["type"] == "ClusterIP"]
         versions: dict[int, int] = {}
-        before = operations(_metrics())
+        first = _metrics()
+        before = operations(first)
         lat = []
         with IpvsClient() as ipvs:
             for _ in range(changes):
@@ -276,9 +277,17 @@ def daemon_run(n: int, m: int, changes: int, tmp: Path) -> dict[str, Any]:
                     time.sleep(0.002)
                 lat.append(time.perf_counter() - t1)
         time.sleep(1.0)  # the counters of the last sync
-        after = operations(_metrics())
+        last = _metrics()
+        after = operations(last)
         out["ops"] = {k: after.get(k, 0) - before.get(k, 0) for k in after
                       if after.get(k, 0) != before.get(k, 0)}
+        # the daemon's own time per sync (kube-proxy's SyncProxyRules latency) over the
+        # changes: what of the end-to-end latency is the sync, and what is getting the event
+        name = 'kubeproxy_sync_proxy_rules_duration_seconds_{}{{ip_family="IPv4"}}'
+        syncs = last.get(name.format("count"), 0) - first.get(name.format("count"), 0)
+        spent = last.get(name.format("sum"), 0) - first.get(name.format("sum"), 0)
+        out["sync_mean"] = spent / syncs if syncs else float("nan")
+        out["syncs"] = syncs
         lat.sort()
         out["p50"] = statistics.median(lat)
         out["p99"] = lat[max(0, round(0.99 * len(lat)) - 1)]
@@ -315,6 +324,8 @@ def run_all(row: Row, info: Callable[[str, Any], None], services: int, dests: in
             info(f"daemon at {size} services: programmed in", f"{r['programmed_s']:.1f}s")
             info(f"daemon at {size} services: endpoint change p50 / p99",
                  f"{r['p50'] * 1000:.0f} / {r['p99'] * 1000:.0f} ms")
+            info(f"daemon at {size} services: its own time per sync (mean of {r['syncs']:.0f})",
+                 f"{r['sync_mean'] * 1000:.0f} ms")
             info(f"daemon at {size} services: kernel operations for {changes} changes",
                  json.dumps(r["ops"], sort_keys=True))
         row(f"endpoint change p99, {services} vs 100 services", big["p99"], small["p99"],
