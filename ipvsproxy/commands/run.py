@@ -103,23 +103,6 @@ def _service_stats(rec: Any) -> Iterator[tuple[str, str, str, int, int, int, int
         yield ns, name, port, c, pi, po, bi, bo
 
 
-def _health_check_ports(store: Any, cfg: Config) -> dict[tuple[str, str], tuple[int, int]]:
-    """LoadBalancer services with externalTrafficPolicy Local: their health-check node port
-    and how many ready, not terminating endpoints (distinct IPs) this node has."""
-    out: dict[tuple[str, str], tuple[int, int]] = {}
-    snap = store.snapshot()
-    local: dict[tuple[str, str], set[Any]] = {}
-    for sl in snap.slices:
-        for e in sl.endpoints:
-            if e.node_name == cfg.hostname and e.ready and not e.terminating:
-                local.setdefault((sl.namespace, sl.service), set()).add(e.addr)
-    for svc in snap.services:
-        if svc.health_check_node_port and svc.external_local:
-            sid = (svc.namespace, svc.name)
-            out[sid] = (svc.health_check_node_port, len(local.get(sid, ())))
-    return out
-
-
 def run(args: argparse.Namespace) -> int:
     try:
         cfg = _config(args)
@@ -172,7 +155,7 @@ def run(args: argparse.Namespace) -> int:
              sync_period=cfg.sync_period, min_sync_period=cfg.min_sync_period)
     hc = _hcnp(health)
     try:
-        rec.after_sync = (lambda: hc.sync(_health_check_ports(store, cfg))) if hc else None
+        rec.after_sync = (lambda: hc.sync(store.health_check_ports())) if hc else None
         rec.run(stop)
     finally:
         for s in servers:

@@ -57,6 +57,7 @@ class Applied:
     rules: dict[int, Rules]
     specs: tuple[SetSpec, ...] = ()
     owners_version: int = 0  # bumped when `owners` changes: readers skip unchanged names
+    real_servers: int = 0  # sum of len(dests): kept up to date (a gauge reads it every sync)
 
     @classmethod
     def from_full(cls, des: Desired, specs: tuple[SetSpec, ...] | None = None) -> Applied:
@@ -67,6 +68,7 @@ class Applied:
                 dict(des.rules), specs or des.specs)
         for sid, ix in des.index.items():
             a._add(sid, ix)
+        a.real_servers = sum(map(len, a.dests.values()))
         return a
 
     # ------------------------------------------------------------------ reference counts
@@ -121,26 +123,8 @@ class Applied:
                 keys.add(k)
         return keys
 
-    def _after(self, part: Desired, dirty: Collection[ServiceId]) -> Applied:
-        """A copy of the reference counts as they will be once `part` replaces `dirty`."""
-        nxt = Applied(self.families, dict(self.index), {}, {}, {}, dict(self.key_owner),
-                      self.contested, Counter(self.entry_refs), Counter(self.set_sizes),
-                      Counter(self.addr_refs), Counter(self.out_filter), Counter(self.no_local),
-                      {}, self.specs)
-        for sid in dirty:
-            nxt._remove(sid)
-        for sid, ix in part.index.items():
-            nxt._add(sid, ix)
-        return nxt
-
     def _rules(self, cfg: Config) -> dict[int, Rules]:
-        out: dict[int, Rules] = {}
-        for fam in self.families:
-            nonempty = frozenset(T.BY_FAMILY_NAME[name][0] for name, n in self.set_sizes.items()
-                                 if n > 0 and T.BY_FAMILY_NAME[name][1] == fam)
-            of = [(a, p, port) for f, a, p, port in self.out_filter if f == fam]
-            out[fam] = family_rules(fam, cfg, nonempty, of)
-        return out
+        return _rules(self.families, self.set_sizes, self.out_filter, cfg)
 
     def plan(self, part: Desired, dirty: Collection[ServiceId],
              kernel: Mapping[ServiceKey, ObservedService], cfg: Config,
@@ -148,47 +132,56 @@ class Applied:
         """The operations that bring the kernel from the applied state to one where `part`
         replaces the services in `dirty`; `kernel` holds the scope's virtual servers as read
         back (absent: not in the kernel)."""
-        nxt = self._after(part, dirty)
-        touched_entries: set[tuple[str, str]] = set()
-        touched_addrs: set[IPAddress] = set()
-        for ix in [self.index[s] for s in dirty if s in self.index] + list(part.index.values()):
-            touched_entries.update(ix.entries)
-            touched_addrs.update(ix.addresses)
+        # The reference counts once `part` replaces `dirty`, as changes to the current ones
+        # (copying the counters whole made each change cost more the bigger the cluster).
+        removed = [self.index[s] for s in dirty if s in self.index]
+        added = list(part.index.values())
+        entries: Counter[tuple[str, str]] = Counter()
+        addrs: Counter[IPAddress] = Counter()
+        out_filter = Counter(self.out_filter)
+        for ix in removed:
+            entries.subtract(ix.entries)
+            addrs.subtract(ix.addresses)
+            _decrement(out_filter, ix.out_filter)
+        for ix in added:
+            entries.update(ix.entries)
+            addrs.update(ix.addresses)
+            out_filter.update(ix.out_filter)
+        set_sizes = Counter(self.set_sizes)
         names = [s.name for s in self.specs]
         before: dict[str, set[str]] = {n: set() for n in names}
         after: dict[str, set[str]] = {n: set() for n in names}
-        for name, entry in touched_entries:
-            if self.entry_refs.get((name, entry), 0) > 0:
+        for (name, entry), change in entries.items():
+            was = self.entry_refs.get((name, entry), 0)
+            if was > 0:
                 before[name].add(entry)
-            if nxt.entry_refs.get((name, entry), 0) > 0:
+            if was + change > 0:
                 after[name].add(entry)
+            set_sizes[name] += (was + change > 0) - (was > 0)
         # A set that outgrows its maxelem is resized, which refills it whole: the diff then
         # sees all its members (rare: capacity() leaves room to double).
-        grown = nxt._grown(self.specs)
+        grown = _grown(set_sizes, self.specs)
         for spec in self.specs:
             if grown[spec.name] is not spec:
+                merged = Counter(self.entry_refs)
+                merged.update(entries)
                 before[spec.name] = {e for n, e in self.entry_refs if n == spec.name}
-                after[spec.name] = {e for n, e in nxt.entry_refs if n == spec.name}
-        rules = nxt._rules(cfg)
+                after[spec.name] = {e for (n, e), c in merged.items() if n == spec.name and c > 0}
+        rules = _rules(self.families, set_sizes, out_filter, cfg)
         chains = chains_after(self.rules)
         des = Desired(self.families, dict(part.services), dict(part.dests), dict(part.owners),
-                      frozenset(a for a in touched_addrs if nxt.addr_refs.get(a, 0) > 0),
+                      frozenset(a for a, change in addrs.items()
+                                if self.addr_refs.get(a, 0) + change > 0),
                       tuple(grown.values()), {n: frozenset(m) for n, m in after.items()}, rules,
                       problems=part.problems)
         obs = Observed(kernel, {n: frozenset(m) for n, m in before.items()},
                        {s.name: s for s in self.specs}, True,
-                       frozenset(a for a in touched_addrs if self.addr_refs.get(a, 0) > 0),
+                       frozenset(a for a in addrs if self.addr_refs.get(a, 0) > 0),
                        chains)
         return diff(des, obs, cfg.exclude_cidrs, force_delete)
 
     def _grown(self, specs: tuple[SetSpec, ...]) -> dict[str, SetSpec]:
-        """`specs`, with each hash set too small for its current member count resized."""
-        out = {}
-        for s in specs:
-            n = self.set_sizes.get(s.name, 0)
-            out[s.name] = dataclasses.replace(s, maxelem=capacity(n)) \
-                if s.is_hash and n > s.maxelem else s
-        return out
+        return _grown(self.set_sizes, specs)
 
     def commit(self, part: Desired, dirty: Collection[ServiceId], cfg: Config,
                scope: Collection[ServiceKey]) -> None:
@@ -199,11 +192,13 @@ class Applied:
         owners_before = {k: self.owners.get(k) for k in touched}
         for k in scope:
             self.services.pop(k, None)
-            self.dests.pop(k, None)
+            self.real_servers -= len(self.dests.pop(k, ()))
             self.owners.pop(k, None)
         for sid, ix in part.index.items():
             self._add(sid, ix)
         self.services.update(part.services)
+        for k, v in part.dests.items():
+            self.real_servers += len(v) - len(self.dests.get(k, ()))
         self.dests.update(part.dests)
         self.owners.update(part.owners)
         if any(self.owners.get(k) != v for k, v in owners_before.items()):
@@ -211,6 +206,28 @@ class Applied:
         self.rules = self._rules(cfg)
         self.specs = tuple(self._grown(self.specs).values())  # as plan() resized them
 
+
+
+def _rules(families: tuple[int, ...], set_sizes: Mapping[str, int],
+           out_filter: Mapping[tuple[int, IPAddress, str, int], int], cfg: Config
+           ) -> dict[int, Rules]:
+    out: dict[int, Rules] = {}
+    for fam in families:
+        nonempty = frozenset(T.BY_FAMILY_NAME[name][0] for name, n in set_sizes.items()
+                             if n > 0 and T.BY_FAMILY_NAME[name][1] == fam)
+        of = [(a, p, port) for f, a, p, port in out_filter if f == fam]
+        out[fam] = family_rules(fam, cfg, nonempty, of)
+    return out
+
+
+def _grown(set_sizes: Mapping[str, int], specs: tuple[SetSpec, ...]) -> dict[str, SetSpec]:
+    """`specs`, with each hash set too small for its member count resized."""
+    out = {}
+    for s in specs:
+        n = set_sizes.get(s.name, 0)
+        out[s.name] = dataclasses.replace(s, maxelem=capacity(n)) \
+            if s.is_hash and n > s.maxelem else s
+    return out
 
 
 def _decrement(c: Counter[Any], keys: Iterable[Any]) -> None:

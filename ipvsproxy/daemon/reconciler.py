@@ -310,7 +310,7 @@ class Reconciler:
                     m.network_programming.labels(ip_family=lbl).observe(max(wall - t, 0.0))
         if applied is not None:
             m.virtual_servers.set(len(applied.services))
-            m.real_servers.set(sum(len(d) for d in applied.dests.values()))
+            m.real_servers.set(applied.real_servers)
             for fam in self.cfg.families:
                 for policy in ("internal", "external"):
                     m.no_local_endpoints.labels(traffic_policy=policy,

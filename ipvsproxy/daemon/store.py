@@ -76,6 +76,9 @@ class Store:
         self._pending = _Pending()
         self.service_changes_total = 0
         self.endpoint_changes_total = 0
+        # health_check_ports(), per service, and the services changed since it last ran
+        self._hc: dict[ServiceId, tuple[int, int]] = {}
+        self._hc_dirty: set[ServiceId] = set()
 
     # ----------------------------------------------------------------- the reflectors' sink
 
@@ -159,6 +162,25 @@ class Store:
             svcs = tuple(self.services[i] for i in ids if i in self.services)
             slices = tuple(self.slices[k] for i in ids for k in self._slices_of.get(i, ()))
             return Snapshot(svcs, slices, self.node)
+
+    def health_check_ports(self) -> dict[ServiceId, tuple[int, int]]:
+        """LoadBalancer services with externalTrafficPolicy Local: their health-check node port
+        and how many ready, not terminating endpoints (distinct IPs) this node has. Kept per
+        service and worked out again only for the services changed since the last call: the
+        daemon asks after every sync, and walking every endpoint of the cluster each time made
+        one endpoint change cost more the bigger the cluster."""
+        with self._cond:
+            for sid in self._hc_dirty:
+                svc = self.services.get(sid)
+                if svc is None or not (svc.health_check_node_port and svc.external_local):
+                    self._hc.pop(sid, None)
+                    continue
+                local = {e.addr for k in self._slices_of.get(sid, ())
+                         for e in self.slices[k].endpoints
+                         if e.node_name == self.node_name and e.ready and not e.terminating}
+                self._hc[sid] = (svc.health_check_node_port, len(local))
+            self._hc_dirty.clear()
+            return dict(self._hc)
 
     def invalid_counts(self) -> dict[str, int]:
         with self._cond:
@@ -248,11 +270,13 @@ class Store:
                 del self._slices_of[sid]
 
     def _service_changed(self, sid: ServiceId) -> None:
+        self._hc_dirty.add(sid)
         self.service_changes_total += 1
         self._pending.services.add(sid)
         self._queued()
 
     def _endpoints_changed(self, sid: ServiceId) -> None:
+        self._hc_dirty.add(sid)
         self.endpoint_changes_total += 1
         self._pending.endpoints.add(sid)
         self._queued()

@@ -40,7 +40,7 @@ def mini(snap: Snapshot, dirty: set[tuple[str, str]]) -> Snapshot:
 
 def counts(a: Applied) -> tuple[Any, ...]:
     return (a.index, a.key_owner, +a.entry_refs, +a.set_sizes, +a.addr_refs, +a.out_filter,
-            +a.no_local, a.rules, a.services, a.dests, a.owners)
+            +a.no_local, a.rules, a.services, a.dests, a.owners, a.real_servers)
 
 
 @st.composite

@@ -107,3 +107,30 @@ def test_trigger_times_and_requeue() -> None:
     assert ch.trigger_times == (1795428000.0,) and ch.first_queued == 1000.0
     s.requeue(ch)
     assert s.take().dirty == ch.dirty
+
+
+def test_health_check_ports_follow_each_change() -> None:
+    """LoadBalancer + Local services: health-check node port and this node's ready, not
+    terminating endpoints (distinct addresses); worked out again only for changed services."""
+    s = store()
+
+    def lb(name: str, ip: str, hc: int, policy: str = "Local") -> dict[str, Any]:
+        return service(name, ip, type_="LoadBalancer", ingress=["203.0.113.1"],
+                       externalTrafficPolicy=policy, healthCheckNodePort=hc)
+
+    listed(s, [lb("a", "10.96.0.1", 32001), lb("b", "10.96.0.2", 32002, "Cluster"),
+               service("c", "10.96.0.3")],
+           [slice_("a", ep("10.244.0.1", NODE), ep("10.244.0.2", "node-b"),
+                   ep("10.244.0.3", NODE, ready=False), ep("10.244.0.4", NODE, terminating=True),
+                   name="a-1"),
+            slice_("a", ep("10.244.0.1", NODE), ep("10.244.0.5", NODE), name="a-2", port=81),
+            slice_("b", ep("10.244.1.1", NODE), name="b-1")])
+    assert s.health_check_ports() == {("default", "a"): (32001, 2)}
+    s.event("EndpointSlice", "MODIFIED", slice_("a", ep("10.244.0.2", "node-b"), name="a-2",
+                                                port=81))
+    assert s.health_check_ports() == {("default", "a"): (32001, 1)}
+    s.event("Service", "MODIFIED", lb("b", "10.96.0.2", 32002))  # now Local
+    assert s.health_check_ports() == {("default", "a"): (32001, 1), ("default", "b"): (32002, 1)}
+    s.event("Service", "DELETED", lb("a", "10.96.0.1", 32001))
+    assert s.health_check_ports() == {("default", "b"): (32002, 1)}
+    assert s.health_check_ports() == {("default", "b"): (32002, 1)}  # nothing changed since
