@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -181,6 +182,17 @@ class Reconciler:
     # -------------------------------------------------------------------------- the syncs
 
     def _full(self, changes: Changes) -> SyncResult:
+        # Millions of objects and no cycles: the cyclic collector would only walk the growing
+        # heap again and again (as for `sync --once`, see commands/sync.py).
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            return self._full_sync(changes)
+        finally:
+            if collecting:
+                gc.enable()
+
+    def _full_sync(self, changes: Changes) -> SyncResult:
         self.host = self.kernel.host_facts()
         des = compute_desired(self.store.snapshot(), self.host, self.cfg)
         obs = self.kernel.observe(des)
