@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -256,6 +257,27 @@ def test_random_tables_every_mode(clean_ipvs: None, schedulers: list[str], seed:
                     ["--sctp-service", "10.255.255.254:2"], ["-f", "123456789", "-6"]):
         r = assert_same("-Ln", *missing)
         assert r == (1, b"", b"No such service\n")
+
+
+def test_a_large_table_listed_in_two_processes(clean_ipvs: None, schedulers: list[str],
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Above ipvs_dump.FORK_MIN virtual servers the plain -Ln listing reads real servers as
+    listing rows, half of them in a forked child: still ipvsadm's text byte for byte (IPv6 and
+    fwmark services, whose real servers go the object way, mixed in)."""
+    from ipvsproxy.kernel import ipvs_dump
+
+    load(random_table(random.Random(3), schedulers, n=ipvs_dump.FORK_MIN + 150))
+    children: list[object] = []
+    real = ipvs_dump.Child
+
+    def spy(produce: Any) -> Any:
+        children.append(produce)
+        return real(produce)
+
+    monkeypatch.setattr(ipvs_dump, "Child", spy)
+    for mode in (["-Ln"], ["-Ln", "--nosort"], ["-Ln", "--exact"], ["--list", "--numeric"]):
+        assert_same(*mode)
+    assert len(children) == 4
 
 
 def save_blocks(save: bytes) -> dict[str, list[str]]:
