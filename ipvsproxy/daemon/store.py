@@ -79,21 +79,41 @@ class Store:
         # health_check_ports(), per service, and the services changed since it last ran
         self._hc: dict[ServiceId, tuple[int, int]] = {}
         self._hc_dirty: set[ServiceId] = set()
+        self._listing: dict[str, set[tuple[str, str]]] = {}  # a list being read: keys seen
 
     # ----------------------------------------------------------------- the reflectors' sink
 
     def replace(self, kind: str, items: list[dict[str, Any]]) -> None:
         """A complete list of `kind`: what is held and not listed was deleted meanwhile."""
+        self.list_page(kind, items, first=True)
+        self.list_done(kind)
+
+    def list_page(self, kind: str, items: list[dict[str, Any]], first: bool) -> None:
+        """One page of a list of `kind` as it is read (first: the list starts over): its
+        objects go in now. Only a page's raw objects are alive at a time: holding a whole
+        list's (100,000 endpoints) until its end was the daemon's peak memory, and Python keeps
+        its peak (the freed objects' memory stays fragmented among the ones kept)."""
         with self._cond:
+            seen = self._listing[kind] = set() if first else self._listing.get(kind, set())
             if kind == "Node":
                 mine = [i for i in items if _name(i) == self.node_name]
-                self._set_node(mine[0] if mine else None)
+                if mine:
+                    seen.add(("", self.node_name))
+                    self._set_node(mine[0])
+                return
+            for obj in items:
+                seen.add(_key(obj))
+                self._upsert(kind, obj)
+
+    def list_done(self, kind: str) -> None:
+        """The list of `kind` is complete: what is held and was not listed is gone."""
+        with self._cond:
+            seen = self._listing.pop(kind, set())
+            if kind == "Node":
+                if ("", self.node_name) not in seen:
+                    self._set_node(None)
             else:
                 held = set(self.services if kind == "Service" else self.slices)
-                seen: set[tuple[str, str]] = set()
-                for obj in items:
-                    seen.add(_key(obj))
-                    self._upsert(kind, obj)
                 for key in held - seen:
                     self._delete(kind, key)
             self.listed.add(kind)

@@ -43,7 +43,11 @@ SHORT_WATCH = 1.0
 
 
 class Sink(Protocol):
-    def replace(self, kind: str, items: list[dict[str, Any]]) -> None: ...
+    """Where listed and watched objects go. A list arrives page by page (first: it starts over,
+    as after an expired continue token), then list_done: what was held and not listed is gone."""
+
+    def list_page(self, kind: str, items: list[dict[str, Any]], first: bool) -> None: ...
+    def list_done(self, kind: str) -> None: ...
     def event(self, kind: str, type_: str, obj: dict[str, Any]) -> None: ...
 
 
@@ -165,25 +169,25 @@ class Reflector:
     # ---------------------------------------------------------------------------------- LIST
 
     def _list(self) -> None:
-        """All pages, then one `replace`. Only the items are kept, each page's body is dropped
-        once read. An expired continue token (410) restarts the list at once, as client-go's
-        pager does; a second 410 in a row goes to the backoff."""
+        """Every page into the sink as it is read, then list_done. An expired continue token
+        (410) restarts the list at once, as client-go's pager does; a second 410 in a row goes
+        to the backoff."""
         for attempt in (1, 2):
             try:
-                items, rv = self._pages()
+                count, rv = self._pages()
             except Exception as exc:
                 if attempt == 1 and _is_gone(exc) and not self._stop.is_set():
                     log.info("list continue token expired, restarting list", kind=self.kind)
                     continue
                 raise
-            self._sink.replace(self.kind, items)
+            self._sink.list_done(self.kind)
             self.resource_version = rv
             self.backoff.reset()
-            log.info("listed", kind=self.kind, items=len(items), resource_version=rv)
+            log.info("listed", kind=self.kind, items=count, resource_version=rv)
             return
 
-    def _pages(self) -> tuple[list[dict[str, Any]], str]:
-        items: list[dict[str, Any]] = []
+    def _pages(self) -> tuple[int, str]:
+        count = 0
         token: str | None = None
         rv: str | None = None
         while True:
@@ -199,15 +203,19 @@ class Reflector:
             meta = body.get("metadata") or {}
             # every page comes from the first page's snapshot: its RV is the one to watch from
             rv = rv or meta.get("resourceVersion")
-            for item in body.get("items") or ():
+            items = body.get("items") or []
+            for item in items:
                 item["kind"] = self.kind  # list items carry no kind
-                items.append(item)
             token = meta.get("continue")
             del body
+            if token or rv:  # (a last page without a resourceVersion is refused below)
+                self._sink.list_page(self.kind, items, first=count == 0)
+            count += len(items)
+            del items
             if not token:
                 if not rv:
                     raise ValueError("list without metadata.resourceVersion")
-                return items, rv
+                return count, rv
 
     # --------------------------------------------------------------------------------- WATCH
 

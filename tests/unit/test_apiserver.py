@@ -590,9 +590,12 @@ class Sink:
         self.calls: list[tuple[str, str, str]] = []
         self._lock = threading.Lock()
 
-    def replace(self, kind: str, items: list[dict[str, Any]]) -> None:
+    def list_page(self, kind: str, items: list[dict[str, Any]], first: bool) -> None:
         with self._lock:
             self.calls += [("replace", kind, i["metadata"]["name"]) for i in items]
+
+    def list_done(self, kind: str) -> None:
+        pass
 
     def event(self, kind: str, type_: str, obj: dict[str, Any]) -> None:
         with self._lock:

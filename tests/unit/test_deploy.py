@@ -248,7 +248,10 @@ def rules_seen_by_the_api_server() -> set[Rule]:
     from tests.unit.kube_objects import NODE, ep, node, service, slice_
 
     class Sink:
-        def replace(self, kind: str, items: list[dict[str, Any]]) -> None:
+        def list_page(self, kind: str, items: list[dict[str, Any]], first: bool) -> None:
+            pass
+
+        def list_done(self, kind: str) -> None:
             pass
 
         def event(self, kind: str, type_: str, obj: dict[str, Any]) -> None:

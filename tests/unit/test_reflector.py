@@ -103,7 +103,18 @@ class Sink:
         self.replaced: list[tuple[str, list[dict[str, Any]]]] = []
         self.events: list[tuple[str, str, dict[str, Any]]] = []
 
+        self.listing: dict[str, list[dict[str, Any]]] = {}
+        self.pages: list[tuple[str, int, bool]] = []  # kind, items, first
+
+    def list_page(self, kind: str, items: list[dict[str, Any]], first: bool) -> None:
+        self.pages.append((kind, len(items), first))
+        self.listing[kind] = (self.listing.pop(kind, []) if not first else []) + items
+
+    def list_done(self, kind: str) -> None:
+        self.replace(kind, self.listing.pop(kind, []))
+
     def replace(self, kind: str, items: list[dict[str, Any]]) -> None:
+        """A whole list, as list_page + list_done handed it over (what the log records)."""
         self.replaced.append((kind, items))
         self.log.append(("replace", kind, *(i["metadata"]["name"] for i in items)))
 
@@ -152,6 +163,7 @@ def test_list_follows_continue_and_replaces_once_with_kind() -> None:
                            page=1)
     r.run()
     assert sink.log == [("replace", "Service", "a", "b")]
+    assert sink.pages == [("Service", 1, True), ("Service", 1, False)]  # each page as read
     assert all(i["kind"] == "Service" for i in sink.replaced[0][1])
     first, second, watch = api.calls
     assert first["limit"] == 1 and "_continue" not in first
@@ -172,7 +184,10 @@ def test_expired_continue_token_restarts_the_list_at_once() -> None:
                                ListResp([svc("a"), svc("b")], "20"))
     r.run()
     assert api.kinds() == ["list", "list+", "list", "watch@20"]
-    assert sink.log == [("replace", "Service", "a", "b")]  # no partial list delivered
+    assert sink.log == [("replace", "Service", "a", "b")]
+    # the page read before the 410 went in; the list then started over (first=True): only
+    # the complete list decides what is gone
+    assert sink.pages == [("Service", 1, True), ("Service", 2, True)]
     assert waits == []  # restarted at once, no backoff
 
 

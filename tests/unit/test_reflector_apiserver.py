@@ -32,11 +32,18 @@ class Recorder:
         self.store = Store(NODE)
         self.calls: list[tuple[str, str, tuple[str, ...]]] = []
         self._lock = threading.Lock()
+        self._listing: dict[str, tuple[str, ...]] = {}
 
-    def replace(self, kind: str, items: list[dict[str, Any]]) -> None:
+    def list_page(self, kind: str, items: list[dict[str, Any]], first: bool) -> None:
         with self._lock:
-            self.calls.append(("replace", kind, tuple(i["metadata"]["name"] for i in items)))
-        self.store.replace(kind, items)
+            names = tuple(i["metadata"]["name"] for i in items)
+            self._listing[kind] = names if first else self._listing.get(kind, ()) + names
+        self.store.list_page(kind, items, first)
+
+    def list_done(self, kind: str) -> None:
+        with self._lock:  # a whole list: logged as one replace
+            self.calls.append(("replace", kind, self._listing.pop(kind, ())))
+        self.store.list_done(kind)
 
     def event(self, kind: str, type_: str, obj: dict[str, Any]) -> None:
         with self._lock:

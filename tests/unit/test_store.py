@@ -134,3 +134,21 @@ def test_health_check_ports_follow_each_change() -> None:
     s.event("Service", "DELETED", lb("a", "10.96.0.1", 32001))
     assert s.health_check_ports() == {("default", "b"): (32002, 1)}
     assert s.health_check_ports() == {("default", "b"): (32002, 1)}  # nothing changed since
+
+
+def test_a_list_goes_in_page_by_page_and_only_a_complete_one_deletes() -> None:
+    s = store()
+    listed(s, [service("a", "10.96.0.1"), service("b", "10.96.0.2"), service("c", "10.96.0.3")],
+           [])
+    s.take()
+    s.list_page("Service", [service("a", "10.96.0.9")], first=True)
+    assert s.services[("default", "a")].cluster_ips[0].exploded == "10.96.0.9"  # in at once
+    assert set(s.services) == {("default", "a"), ("default", "b"), ("default", "c")}
+    s.list_page("Service", [service("b", "10.96.0.2")], first=True)  # started over (a 410)
+    s.list_page("Service", [service("d", "10.96.0.4")], first=False)
+    s.list_done("Service")  # a and c were not in the complete list
+    assert set(s.services) == {("default", "b"), ("default", "d")}
+    assert s.take().dirty == {("default", x) for x in "acd"}
+    s.list_page("Node", [node("other")], first=True)
+    s.list_done("Node")
+    assert s.node is None
