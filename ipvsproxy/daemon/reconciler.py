@@ -15,6 +15,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import gc
 import threading
 import time
@@ -92,6 +94,17 @@ class SyncResult:
     operations: dict[str, int] = field(default_factory=dict)
     failures: list[Any] = field(default_factory=list)
     seconds: float = 0.0
+
+
+def _settle() -> None:
+    """After a full sync: what it left alive (the store, the applied state) goes to the
+    collector's permanent generation, so that no later collection walks it again (at 10,000
+    services such a walk, tens of milliseconds under emulation, landed on single endpoint
+    changes), and the C heap's free pages go back to the system (glibc malloc_trim)."""
+    gc.collect()
+    gc.freeze()
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 class Reconciler:
@@ -191,6 +204,7 @@ class Reconciler:
         finally:
             if collecting:
                 gc.enable()
+                _settle()
 
     def _full_sync(self, changes: Changes) -> SyncResult:
         self.host = self.kernel.host_facts()
