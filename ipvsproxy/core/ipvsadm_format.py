@@ -509,7 +509,7 @@ def is_plain(fmt: int) -> bool:
 
 
 # The forwarding method of a real server by the low 3 bits of its IPVS_DEST_ATTR_FWD_METHOD,
-# as the dump decoder maps them to Fwd (ipvs_codec._FWDS: 4 is BYPASS, 5-7 read as MASQ).
+# as the dump decoder maps them to Fwd (ipvs_shapes._FWDS: 4 is BYPASS, 5-7 read as MASQ).
 _LISTING_FWD = ("Masq", "Local", "Tunnel", "Route", _NULL, "Masq", "Masq", "Masq")
 
 

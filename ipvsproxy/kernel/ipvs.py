@@ -37,6 +37,7 @@ from ipvsproxy.core.ipvs import (
 )
 from ipvsproxy.kernel import ipvs_codec as c
 from ipvsproxy.kernel import ipvs_dump
+from ipvsproxy.kernel.ipvs_shapes import DumpDecoder
 
 _NO_STATS = Stats()
 
@@ -169,7 +170,7 @@ class IpvsClient:
         self.sock.bind((0, 0))
         self.sock.settimeout(30.0)
         self._seq = 0
-        self._decoder = c.DumpDecoder()
+        self._decoder = DumpDecoder()
         self._view = memoryview(bytearray(_DUMP_RECV))
 
     def close(self) -> None:
@@ -274,7 +275,7 @@ class IpvsClient:
                      ) -> Iterator[tuple[VirtualServer, list[tuple[int, ...]]
                                          | tuple[ObservedDest, ...]]]:
         """What `ls -Ln` prints, batch by batch as the replies come: every virtual server (in
-        kernel order; or these ones) with its real servers, as codec.many_listing_rows() reads
+        kernel order; or these ones) with its real servers, as DumpDecoder.many_listing_rows() reads
         them where it can (IPv4 real servers of the usual layout: no objects built), else as
         dump() does. No counters. fork=False: no child process reads them."""
         self._decoder.new_dump()

@@ -608,7 +608,7 @@ def test_the_plain_listing_from_rows_is_the_listing_from_objects(
     objects) prints what list_all prints for the same real servers as ObservedDests, whatever
     the address spread (the comparison quirk), forwarding code, weight or order."""
     from ipvsproxy.core.ipvsadm_format import is_plain, list_plain, plain_block
-    from ipvsproxy.kernel.ipvs_codec import _FWDS
+    from ipvsproxy.kernel.ipvs_shapes import _FWDS
 
     assert is_plain(fmt)
     observed, entries = [], []
