@@ -11,6 +11,8 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from itertools import chain
+from operator import itemgetter
 from typing import Any
 
 from ipvsproxy.core.desired import Desired
@@ -57,7 +59,8 @@ def observe(des: Desired) -> Observed:
     saved_rules = [(fam, iptables.start_save(fam)) for fam in des.families]
     # the diff reads no counters: skip decoding them
     with IpvsClient() as ipvs:
-        services: dict[Any, Any] = {s.service.key: s for s in ipvs.dump(stats=False)}
+        services: dict[Any, Any] = {s.service.key: s for s in ipvs.dump(
+            stats=False, reuse=_addresses(des))}
         timeouts = ipvs.timeouts() if des.timeouts is not None else None
     with DummyLink() as link:
         exists = link.index() is not None
@@ -75,6 +78,17 @@ def observe(des: Desired) -> Observed:
         chains.update(iptables.chains_of(rules(), fam))
     return Observed(services, sets, specs, exists, addrs, chains,
                     read_sysctls(k for k, _ in des.sysctls), timeouts)
+
+
+def _addresses(des: Desired) -> set[Any]:
+    """The addresses of the desired virtual and real servers, gathered in C (map, not a loop:
+    140,000 of them at 10,000 services): ServiceKey.addr is field 2, RealServer.key.addr 0.0."""
+    vips = map(itemgetter(2), des.services)
+    rips = map(itemgetter(0), map(itemgetter(0), chain.from_iterable(des.dests.values())))
+    found = set(vips)
+    found.update(rips)
+    found.discard(None)  # fwmark services
+    return found
 
 
 def read_services(keys: Iterable[ServiceKey]) -> dict[ServiceKey, ObservedService]:

@@ -25,6 +25,7 @@ from types import TracebackType
 
 from ipvsproxy.core.ipvs import (
     AF_INET,
+    IPAddress,
     IpvsInfo,
     IpvsOp,
     ObservedDest,
@@ -254,10 +255,12 @@ class IpvsClient:
             raise OSError(err, f"IPVS command {c.CMD_GET_DEST}: {os.strerror(err)}")
         return tuple(out)
 
-    def dump(self, stats: bool = True) -> list[ObservedService]:
+    def dump(self, stats: bool = True, reuse: Iterable[IPAddress] = ()
+             ) -> list[ObservedService]:
         """Every virtual server with its real servers, in kernel order. With stats=False the
-        counters and rates are not decoded (they read as zero): the sync path needs none."""
-        self._decoder.new_dump()
+        counters and rates are not decoded (they read as zero): the sync path needs none.
+        `reuse`: address objects to use for those addresses (DumpDecoder.new_dump)."""
+        self._decoder.new_dump(reuse)
         # A dump allocates ~5 objects per real server, none of them in a cycle: the cyclic
         # garbage collector would scan all of them again and again (a third of the time).
         collecting = gc.isenabled()

@@ -19,8 +19,8 @@ import struct
 from collections.abc import Callable, Iterable, Sequence
 from ipaddress import IPv4Address, IPv6Address
 from itertools import chain, filterfalse, repeat
-from operator import itemgetter
-from socket import ntohl, ntohs
+from operator import attrgetter, itemgetter
+from socket import htonl, ntohl, ntohs
 from typing import Any, TypeVar
 
 from ipvsproxy.core.ipvs import (
@@ -124,6 +124,10 @@ def _ipv4_makers() -> tuple[Callable[[int], IPv4Address],
 
 
 _ipv4, _ipv4_many = _ipv4_makers()  # native u32(s) -> IPv4Address(es)
+# An IPv4Address's number, read from its slot (as _ipv4 writes it) where that was checked above;
+# else through the Python-level int().
+_ipv4_number: Callable[[IPv4Address], int] = \
+    attrgetter("_ip") if _ipv4.__name__ == "make" else int
 _FWDS = (Fwd.MASQ, Fwd.LOCALNODE, Fwd.TUNNEL, Fwd.ROUTE, Fwd.BYPASS, Fwd.MASQ, Fwd.MASQ, Fwd.MASQ)
 _PROTOS = {int(p): p for p in Protocol}
 _NO_STATS = Stats()
@@ -537,10 +541,15 @@ class DumpDecoder:
         self.addrs = _Addrs()
         self.names: dict[bytes, str] = {}
 
-    def new_dump(self) -> None:
+    def new_dump(self, reuse: Iterable[IPv4Address | IPv6Address] = ()) -> None:
+        """A new dump starts. `reuse`: address objects it should hand out for these addresses
+        (the desired state's: the observed values then hold the very objects they are compared
+        with, equal by identity instead of through IPv4Address.__eq__, and none is made anew)."""
         before = self.addrs
         before.before = {}  # one dump back only
         self.addrs = _Addrs(before)
+        v4 = [a for a in reuse if type(a) is IPv4Address]
+        self.addrs.update(zip(map(htonl, map(_ipv4_number, v4)), v4, strict=True))
 
     def name(self, raw: bytes) -> str:
         """A scheduler or persistence-engine name attribute as the generic decoder reads it."""

@@ -480,6 +480,24 @@ def test_a_dump_shares_address_objects_with_the_dump_before() -> None:
     assert not dec.addrs and not dec.addrs.before
 
 
+def test_a_dump_hands_out_the_address_objects_it_is_given() -> None:
+    """new_dump(reuse): the desired state's address objects come back in the observed values
+    (compared by identity in the diff), whichever way the dump is decoded."""
+    mine = IPv4Address("10.0.0.2")
+    other = IPv4Address("10.0.0.3")
+
+    def dest(addr: IPv4Address, seq: int) -> bytes:
+        return _with_seq(_kernel_dest(addr.packed, AF_INET, 80, 0, 1, 0), seq)
+
+    dec = shapes.DumpDecoder()
+    dec.new_dump(reuse=[mine, IPv6Address("fd00::1")])
+    one = _one_by_one(dec, [(10, [dest(IPv4Address("10.0.0.1"), 10) + dest(mine, 10)], 0)])
+    assert one[0][1].dest.key.addr is mine
+    many = dec.many_dests([(11, [dest(mine, 11) + dest(other, 11)], 0)], AF_INET)
+    assert many is not None and many[0][0].dest.key.addr is mine
+    assert many[0][1].dest.key.addr == other and many[0][1].dest.key.addr is not other
+
+
 def test_covers_checks_every_message_of_a_long_run() -> None:
     dec = shapes.DumpDecoder()
     msgs = [_kernel_dest(IPv4Address(0x0A000000 + i).packed, AF_INET, 80, 0, 1, 0)
