@@ -52,6 +52,12 @@ class Fwd(IntEnum):
     BYPASS = 4
 
 
+# The forwarding method of a dumped real server, by the low 3 bits of its conn_flags: the kernel
+# only sets 0-4 (ip_vs.h IP_VS_CONN_F_*); anything else reads as masquerading.
+FWD_BY_CODE = (Fwd.MASQ, Fwd.LOCALNODE, Fwd.TUNNEL, Fwd.ROUTE, Fwd.BYPASS, Fwd.MASQ, Fwd.MASQ,
+               Fwd.MASQ)
+
+
 class ServiceKey(NamedTuple):
     """What identifies a virtual server: (af, protocol, addr, port) or (af, fwmark)."""
 

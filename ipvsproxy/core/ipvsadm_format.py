@@ -17,6 +17,7 @@ from typing import TypeVar
 from ipvsproxy.core.ipvs import (
     AF_INET,
     AF_INET6,
+    FWD_BY_CODE,
     SVC_F_ONEPACKET,
     SVC_F_PERSISTENT,
     SVC_F_SCHED1,
@@ -508,9 +509,8 @@ def is_plain(fmt: int) -> bool:
     return fmt & _PLAIN_MASK == FMT_NUMERIC
 
 
-# The forwarding method of a real server by the low 3 bits of its IPVS_DEST_ATTR_FWD_METHOD,
-# as the dump decoder maps them to Fwd (ipvs_shapes._FWDS: 4 is BYPASS, 5-7 read as MASQ).
-_LISTING_FWD = ("Masq", "Local", "Tunnel", "Route", _NULL, "Masq", "Masq", "Masq")
+# fwd_name by the low 3 bits of a real server's IPVS_DEST_ATTR_FWD_METHOD, as decoded
+_LISTING_FWD = tuple(_FWD_NAMES.get(f, _NULL) for f in FWD_BY_CODE)
 
 
 def _cmp_rows(r1: tuple[int, ...], r2: tuple[int, ...]) -> int:

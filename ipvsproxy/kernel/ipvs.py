@@ -19,9 +19,10 @@ import errno as errno_mod
 import gc
 import os
 import socket
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import repeat
 from types import TracebackType
+from typing import TypeVar
 
 from ipvsproxy.core.ipvs import (
     AF_INET,
@@ -43,6 +44,7 @@ from ipvsproxy.kernel.ipvs_shapes import DumpDecoder
 _NO_STATS = Stats()
 
 _new = tuple.__new__  # a NamedTuple from the tuple of its fields, in C
+_T = TypeVar("_T")
 
 NETLINK_GENERIC = 16
 SOL_NETLINK = 270
@@ -57,8 +59,6 @@ CTRL_ATTR_FAMILY_ID = 1
 CTRL_ATTR_FAMILY_NAME = 2
 _RECV = 1 << 20
 _DUMP_RECV = 64 << 10  # a dump reply buffer (skb) is at most 32 KiB
-
-
 
 
 class IpvsUnavailable(RuntimeError):
@@ -268,7 +268,9 @@ class IpvsClient:
         try:
             out: list[ObservedService] = []
             for part, replies in self._batches(stats):
-                out += self._decode_batch(replies, part, stats)
+                found = self._decode_batch(replies, part, stats, self._decoder.many_dests)
+                out += map(_new, repeat(ObservedService), zip(
+                    [vs for vs, _ in part], found, [st for _, st in part], strict=True))
             return out
         finally:
             if collecting:
@@ -284,21 +286,12 @@ class IpvsClient:
         self._decoder.new_dump()
         given = None if services is None else [(vs, _NO_STATS) for vs in services]
         for part, replies in self._batches(False, given, fork):
-            found: list[list[tuple[int, ...]] | tuple[ObservedDest, ...] | None] = \
-                [None] * len(part)
-            v4 = [i for i, (vs, _) in enumerate(part) if vs.key.af == AF_INET]
-            if v4:  # the first one alone, as objects: it teaches the decoder the layout
-                found[v4[0]] = self._decode_dests(*replies[v4[0]], AF_INET, False)
-                rows = self._decoder.many_listing_rows([replies[i] for i in v4[1:]], AF_INET)
-                for i, got in zip(v4[1:], rows or (), strict=False):
-                    found[i] = got
-            rest = [i for i, got in enumerate(found) if got is None]
-            if rest:
-                decoded = self._decode_batch([replies[i] for i in rest], [part[i] for i in rest],
-                                             False)
-                for i, svc in zip(rest, decoded, strict=True):
-                    found[i] = svc.dests
+            found = self._decode_batch(replies, part, False, self._listing_many)
             yield from zip([vs for vs, _ in part], found, strict=True)
+
+    def _listing_many(self, replies: list[ipvs_dump.Reply], af: int, stats: bool
+                      ) -> list[list[tuple[int, ...]]] | None:
+        return self._decoder.many_listing_rows(replies, af) if af == AF_INET else None
 
     def _batches(self, stats: bool, services: list[tuple[VirtualServer, Stats]] | None = None,
                  fork: bool = True) -> Iterator[tuple[list[tuple[VirtualServer, Stats]],
@@ -321,24 +314,26 @@ class IpvsClient:
             done += len(replies)
 
     def _decode_batch(self, replies: list[ipvs_dump.Reply],
-                      part: list[tuple[VirtualServer, Stats]],
-                      stats: bool) -> list[ObservedService]:
-        """The services of `part` with the real servers of their dumps' replies."""
+                      part: list[tuple[VirtualServer, Stats]], stats: bool,
+                      many: Callable[[list[ipvs_dump.Reply], int, bool], Sequence[_T] | None]
+                      ) -> list[_T | tuple[ObservedDest, ...]]:
+        """The real servers of each service of `part` from its dump's replies. Per address
+        family, the first dump alone (decoding it teaches the decoder the layout), the rest at
+        once through `many` (DumpDecoder.many_dests, or listing rows); one by one where `many`
+        declines (None)."""
         by_af: dict[int, list[int]] = {}
         for i, (vs, _) in enumerate(part):
             by_af.setdefault(vs.key.af, []).append(i)
-        found: list[tuple[ObservedDest, ...]] = [()] * len(part)
+        found: list[_T | tuple[ObservedDest, ...]] = [()] * len(part)
         for af, idx in by_af.items():
-            # The first one alone (it teaches the decoder the layout), the rest at once.
-            first = self._decode_dests(*replies[idx[0]], af, stats)
+            found[idx[0]] = self._decode_dests(*replies[idx[0]], af, stats)
             rest = [replies[i] for i in idx[1:]]
-            many = self._decoder.many_dests(rest, af, stats)
-            if many is None:
-                many = [self._decode_dests(*r, af, stats) for r in rest]
-            for i, dests in zip(idx, [first, *many], strict=True):
+            got: Sequence[_T | tuple[ObservedDest, ...]] | None = many(rest, af, stats)
+            if got is None:
+                got = [self._decode_dests(*r, af, stats) for r in rest]
+            for i, dests in zip(idx[1:], got, strict=True):
                 found[i] = dests
-        return list(map(_new, repeat(ObservedService),
-                        zip([vs for vs, _ in part], found, [st for _, st in part], strict=True)))
+        return found
 
     def _decode_dests(self, seq: int, bufs: list[bytes], end: int | None, af: int,
                       stats: bool) -> tuple[ObservedDest, ...]:

@@ -20,6 +20,7 @@ from ipvsproxy.core.ipvs import (
     AF_INET,
     AF_INET6,
     CONN_F_FWD_MASK,
+    FWD_BY_CODE,
     SVC_F_HASHED,
     DestKey,
     Fwd,
@@ -284,7 +285,7 @@ def decode_dest(payload: memoryview, svc_af: int) -> ObservedDest:
     conn_flags = _u32(a, D_FWD)
     rs = RealServer(
         DestKey(_ip(a.get(D_ADDR), af), _u16(a, D_PORT, be=True)),
-        Fwd(conn_flags & CONN_F_FWD_MASK) if (conn_flags & CONN_F_FWD_MASK) <= 4 else Fwd.MASQ,
+        FWD_BY_CODE[conn_flags & CONN_F_FWD_MASK],
         _u32(a, D_WEIGHT), _u32(a, D_UTHRESH), _u32(a, D_LTHRESH),
         a[D_TUN_TYPE][0] if D_TUN_TYPE in a and len(a[D_TUN_TYPE]) else 0,
         _u16(a, D_TUN_PORT, be=True), _u16(a, D_TUN_FLAGS),

@@ -50,7 +50,8 @@ def may_fork(n_keys: int) -> bool:
     single = threading is None or threading.active_count() == 1
     return n_keys >= FORK_MIN and single and hasattr(os, "fork")
 
-# One dump's replies: its sequence number, its data buffers, and how it ended (_read_dump).
+
+# One dump's replies: its sequence number, its data buffers, and how it ended (read_dump).
 Reply = tuple[int, list[bytes], int | None]
 
 # What a child writes to its pipe: frames of two integers and bytes (in_child). A dump reply

@@ -26,9 +26,9 @@ from typing import Any, TypeVar
 from ipvsproxy.core.ipvs import (
     AF_INET6,
     CONN_F_FWD_MASK,
+    FWD_BY_CODE,
     SVC_F_HASHED,
     DestKey,
-    Fwd,
     ObservedDest,
     Protocol,
     RealServer,
@@ -128,7 +128,7 @@ _ipv4, _ipv4_many = _ipv4_makers()  # native u32(s) -> IPv4Address(es)
 # else through the Python-level int().
 _ipv4_number: Callable[[IPv4Address], int] = \
     attrgetter("_ip") if _ipv4.__name__ == "make" else int
-_FWDS = (Fwd.MASQ, Fwd.LOCALNODE, Fwd.TUNNEL, Fwd.ROUTE, Fwd.BYPASS, Fwd.MASQ, Fwd.MASQ, Fwd.MASQ)
+_FWDS = FWD_BY_CODE
 _PROTOS = {int(p): p for p in Protocol}
 _NO_STATS = Stats()
 _new = tuple.__new__  # builds a NamedTuple from a tuple of its fields, in C
