@@ -12,6 +12,8 @@ import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from ipvsproxy.kube import rest
+
 LABEL_SELECTOR = "!service.kubernetes.io/service-proxy-name,!service.kubernetes.io/headless"
 PAGE = 500
 
@@ -45,17 +47,14 @@ def _pages(call: Callable[..., Any], kind: str, **kw: Any) -> Iterator[dict[str,
 
 
 def list_objects(api_client: Any, node_name: str) -> list[dict[str, Any]]:
-    from kubernetes import client
     from kubernetes.client.exceptions import ApiException
 
-    core = client.CoreV1Api(api_client)
-    disc = client.DiscoveryV1Api(api_client)
-    objs = list(_pages(core.list_service_for_all_namespaces, "Service",
+    objs = list(_pages(rest.Get(api_client, rest.SERVICES), "Service",
                        label_selector=LABEL_SELECTOR))
-    objs += _pages(disc.list_endpoint_slice_for_all_namespaces, "EndpointSlice",
+    objs += _pages(rest.Get(api_client, rest.ENDPOINT_SLICES), "EndpointSlice",
                    label_selector=LABEL_SELECTOR)
     try:
-        raw: Any = core.read_node(node_name, _preload_content=False)
+        raw: Any = rest.Get(api_client, rest.NODE, name=node_name)()
         node = json.loads(raw.data)
         node.setdefault("kind", "Node")
         objs.append(node)

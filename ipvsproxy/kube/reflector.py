@@ -32,6 +32,7 @@ from typing import Any, Protocol
 
 import structlog
 
+from ipvsproxy.kube import rest
 from ipvsproxy.kube.listing import LABEL_SELECTOR
 
 log = structlog.get_logger("ipvsproxy.reflector")
@@ -79,8 +80,8 @@ class Backoff:
 class Reflector:
     """Keeps `sink` up to date with one kind of object until `stop` is set.
 
-    `list_fn` is a list method of the `kubernetes` client (e.g.
-    `CoreV1Api.list_service_for_all_namespaces`); it serves both LIST and WATCH. Call `stop()`
+    `list_fn` takes the keywords of the `kubernetes` client's list methods (a `rest.Get`, or
+    e.g. `CoreV1Api.list_service_for_all_namespaces`); it serves both LIST and WATCH. Call `stop()`
     (or `interrupt()` after setting the event) to end a blocking read at once.
 
     `page` is the LIST page size; the server ends each watch after a whole number of seconds
@@ -332,16 +333,13 @@ def start_reflectors(api_client: Any, node_name: str, sink: Sink, stop: threadin
     Setting `stop` ends them within about a second: a fourth daemon thread waits for it and
     interrupts the blocked reads. `options` go to every `Reflector` (tests shorten timeouts).
     """
-    from kubernetes import client
-
-    core, disc = client.CoreV1Api(api_client), client.DiscoveryV1Api(api_client)
     reflectors = [
         # kube-proxy's selector: skip headless services and those of another proxy
-        Reflector("Service", core.list_service_for_all_namespaces, sink, stop,
+        Reflector("Service", rest.Get(api_client, rest.SERVICES), sink, stop,
                   label_selector=LABEL_SELECTOR, **options),
-        Reflector("EndpointSlice", disc.list_endpoint_slice_for_all_namespaces, sink, stop,
+        Reflector("EndpointSlice", rest.Get(api_client, rest.ENDPOINT_SLICES), sink, stop,
                   label_selector=LABEL_SELECTOR, **options),
-        Reflector("Node", core.list_node, sink, stop,
+        Reflector("Node", rest.Get(api_client, rest.NODES), sink, stop,
                   field_selector=f"metadata.name={node_name}", **options),
     ]
     threads = [threading.Thread(target=r.run, name=f"reflector-{r.kind}", daemon=True)

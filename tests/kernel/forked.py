@@ -27,10 +27,9 @@ PRELOAD = [
     "ipvsproxy.commands.ls", "ipvsproxy.commands.explain", "ipvsproxy.commands.cleanup",
     "ipvsproxy.daemon.reconciler", "ipvsproxy.daemon.metrics", "ipvsproxy.daemon.http",
     "ipvsproxy.kube.reflector", "ipvsproxy.kernel.dataplane", "ipvsproxy.kernel.conntrack",
-    "kubernetes", "kubernetes.config", "kubernetes.watch",
-    # the client loads these on first use (kubernetes.client.__getattr__); CoreV1Api alone is
-    # 45k lines, 30-60 s to import under emulation
-    "kubernetes.client.api.core_v1_api", "kubernetes.client.api.discovery_v1_api",
+    # ipvsproxy.lean keeps these to what the commands use: no generated API classes
+    # (kube/rest.py), not the whole of the two packages' __init__
+    "kubernetes.config", "kubernetes.client.api_client", "kubernetes.client.exceptions",
     "pyroute2", "prometheus_client", "structlog", "yaml",
 ]
 

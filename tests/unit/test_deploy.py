@@ -20,7 +20,6 @@ from __future__ import annotations
 import ast
 import fnmatch
 import importlib.metadata
-import inspect
 import re
 import shlex
 import shutil
@@ -198,13 +197,15 @@ def _sources() -> Iterator[tuple[Path, ast.Module]]:
 
 
 def api_calls_in_source() -> dict[str, Rule]:
-    """Every kubernetes client API method ipvsproxy's source names (whether called directly or
-    handed on, as the reflectors are), with the rule its request is authorized as, read from
-    the client's own request serializer (`_<method>_serialize`: method=..., resource_path=...)."""
+    """Every request ipvsproxy's source can make, with the rule it is authorized as. All of
+    them are `rest.Get(api, rest.<PATH>)` (kube/rest.py; a list, or a get with a name in the
+    path); the source names no generated API class of the client, whose calls this scan would
+    not see."""
     from kubernetes import client
 
-    api_classes: dict[str, type] = {}
-    attrs: dict[str, set[str]] = {}
+    from ipvsproxy.kube import rest
+
+    calls: dict[str, Rule] = {}
     for path, tree in _sources():
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("kubernetes"):
@@ -216,24 +217,17 @@ def api_calls_in_source() -> dict[str, Rule]:
                 assert not any(a.name.startswith("kubernetes") for a in node.names), path
             name = node.attr if isinstance(node, ast.Attribute) else (
                 node.id if isinstance(node, ast.Name) else None)
-            if name is None:
-                continue
-            attrs.setdefault(name, set()).add(str(path.relative_to(ROOT)))
-            if name.endswith("Api") and isinstance(getattr(client, name, None), type):
-                api_classes[name] = getattr(client, name)
-    assert api_classes, "the scan found no kubernetes API class in ipvsproxy/"
-    calls: dict[str, Rule] = {}
-    for cls in api_classes.values():
-        for method in attrs:
-            serializer = getattr(cls, f"_{method}_serialize", None)
-            if serializer is None:
-                continue
-            src = inspect.getsource(serializer)
-            m = re.search(r"method='(\w+)',\s*resource_path='([^']+)'", src)
-            assert m, f"{cls.__name__}._{method}_serialize: no method/resource_path in it"
-            rule = rbac_rule(m[1], m[2])
-            assert rule is not None
-            calls[method] = rule
+            assert not (name and name.endswith("Api") and isinstance(
+                vars(client).get(name) or getattr(client, name, None), type)), (
+                f"{path}: {name}: requests go through kube/rest.py")
+            if isinstance(node, ast.Call) and ast.unparse(node.func) in ("rest.Get", "Get"):
+                where = node.args[1] if len(node.args) > 1 else None
+                assert isinstance(where, ast.Attribute) and ast.unparse(where.value) == "rest", (
+                    f"{path}:{node.lineno}: the path of a Get is one of rest's constants")
+                rule = rbac_rule("GET", getattr(rest, where.attr))
+                assert rule is not None
+                calls[where.attr] = rule
+    assert calls, "the scan found no request in ipvsproxy/"
     return calls
 
 

@@ -16,6 +16,7 @@ import pytest
 import structlog
 from kubernetes.client.exceptions import ApiException
 
+from ipvsproxy.kube import rest
 from ipvsproxy.kube.listing import LABEL_SELECTOR
 from ipvsproxy.kube.reflector import Backoff, Reflector, start_reflectors
 
@@ -428,20 +429,9 @@ def test_start_reflectors_watches_three_kinds_and_stops_them(
                 return watches[-1]
         return list_fn
 
-    class Core:
-        def __init__(self, api: Any) -> None:
-            self.list_service_for_all_namespaces = fn("services")
-            self.list_node = fn("nodes")
-
-    class Discovery:
-        def __init__(self, api: Any) -> None:
-            self.list_endpoint_slice_for_all_namespaces = fn("endpointslices")
-
-    import kubernetes.client
-
-    # through the module dict: getattr would import the client's (large, lazy) API modules
-    monkeypatch.setitem(vars(kubernetes.client), "CoreV1Api", Core)
-    monkeypatch.setitem(vars(kubernetes.client), "DiscoveryV1Api", Discovery)
+    names = {rest.SERVICES: "services", rest.ENDPOINT_SLICES: "endpointslices",
+             rest.NODES: "nodes"}
+    monkeypatch.setattr(rest, "Get", lambda api, path: fn(names[path]))
     sink = Sink()
     threads = start_reflectors(object(), "node-a", sink, stop)
     assert len(threads) == 3 and all(t.daemon for t in threads)
