@@ -184,13 +184,15 @@ def cold_start(path: Path, n_vs: int, repeat: int, row: Row) -> None:
 
 def resync(des: Any, repeat: int, row: Row) -> None:
     """Run after an ipvsproxy cold start: the kernel already holds `des`."""
+    from ipvsproxy.core.gcpause import paused
     from ipvsproxy.core.plan import diff
     from ipvsproxy.kernel import dataplane
 
     best_ours = best_ref = float("inf")
     for _ in range(repeat):
         t0 = time.perf_counter()
-        plan = diff(des, dataplane.observe(des))
+        with paused():  # as in the daemon's full sync (Reconciler._full)
+            plan = diff(des, dataplane.observe(des))
         best_ours = min(best_ours, time.perf_counter() - t0)
         assert not plan.steps, plan.lines()[:10]
         t0 = time.perf_counter()

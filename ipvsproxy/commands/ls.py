@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import gc
 import os
 import socket
 import sys
@@ -19,6 +18,7 @@ from ipaddress import IPv4Address, IPv6Address
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
+from ipvsproxy.core.gcpause import paused
 from ipvsproxy.core.ipvs import (
     AF_INET,
     AF_INET6,
@@ -441,13 +441,8 @@ def _plain_listing(client: IpvsClient, info: IpvsInfo, fmt: int, resolver: Syste
 def run(args: argparse.Namespace | SimpleNamespace) -> int:
     # A listing allocates a few objects per real server and frees them all at exit: the cyclic
     # garbage collector would only walk them over and over.
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
+    with paused():
         return _run(args)
-    finally:
-        if collecting:
-            gc.enable()
 
 
 def _run(args: argparse.Namespace | SimpleNamespace) -> int:

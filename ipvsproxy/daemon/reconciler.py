@@ -29,6 +29,7 @@ import structlog
 
 from ipvsproxy.config import Config
 from ipvsproxy.core.desired import Desired, HostFacts, compute_desired
+from ipvsproxy.core.gcpause import paused
 from ipvsproxy.core.incremental import Applied
 from ipvsproxy.core.ipvs import DestKey, ObservedService, RealServer, ServiceKey
 from ipvsproxy.core.ipvs import Protocol as IpProto
@@ -198,12 +199,11 @@ class Reconciler:
         # Millions of objects and no cycles: the cyclic collector would only walk the growing
         # heap again and again (as for `sync --once`, see commands/sync.py).
         collecting = gc.isenabled()
-        gc.disable()
         try:
-            return self._full_sync(changes)
+            with paused():
+                return self._full_sync(changes)
         finally:
             if collecting:
-                gc.enable()
                 _settle()
 
     def _full_sync(self, changes: Changes) -> SyncResult:

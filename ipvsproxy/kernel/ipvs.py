@@ -16,7 +16,6 @@ a forked child while this process decodes (ipvs_dump.py); the replies are decode
 from __future__ import annotations
 
 import errno as errno_mod
-import gc
 import os
 import socket
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -24,6 +23,7 @@ from itertools import repeat
 from types import TracebackType
 from typing import TypeVar
 
+from ipvsproxy.core.gcpause import paused
 from ipvsproxy.core.ipvs import (
     AF_INET,
     IPAddress,
@@ -263,18 +263,13 @@ class IpvsClient:
         self._decoder.new_dump(reuse)
         # A dump allocates ~5 objects per real server, none of them in a cycle: the cyclic
         # garbage collector would scan all of them again and again (a third of the time).
-        collecting = gc.isenabled()
-        gc.disable()
-        try:
+        with paused():
             out: list[ObservedService] = []
             for part, replies in self._batches(stats):
                 found = self._decode_batch(replies, part, stats, self._decoder.many_dests)
                 out += map(_new, repeat(ObservedService), zip(
                     [vs for vs, _ in part], found, [st for _, st in part], strict=True))
             return out
-        finally:
-            if collecting:
-                gc.enable()
 
     def listing_rows(self, services: Sequence[VirtualServer] | None = None, fork: bool = True
                      ) -> Iterator[tuple[VirtualServer, list[tuple[int, ...]]
