@@ -12,12 +12,13 @@ import os
 import sys
 from collections.abc import Sequence
 from types import ModuleType
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    import argparse
 
 from ipvsproxy import __version__
+
+TYPE_CHECKING = False  # typing: not on the `ls` path (core/record.py)
+if TYPE_CHECKING:
+    import argparse
+    from typing import Any
 
 # name -> (module, one-line help). The module holds the description, flags and the work.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {

@@ -22,7 +22,11 @@ import importlib.machinery
 import sys
 from collections.abc import Sequence
 from types import ModuleType
-from typing import Any
+
+TYPE_CHECKING = False  # typing: not on the `ls` path (core/record.py)
+if TYPE_CHECKING:
+    from typing import Any
+
 
 # package -> {name taken from the package itself: the submodule that defines it}
 LEAN: dict[str, dict[str, str]] = {

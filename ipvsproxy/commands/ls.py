@@ -8,15 +8,14 @@ comes from ipvsproxy.core.ipvsadm_format and ipvsadm_conn; this module does the 
 
 from __future__ import annotations
 
+import _socket as socket  # the C module (see core/ipvs.py AF_INET)
 import contextlib
 import errno
 import os
-import socket
 import sys
 from collections.abc import Iterator, Sequence
 from ipaddress import IPv4Address, IPv6Address
 from types import SimpleNamespace
-from typing import TYPE_CHECKING, Any
 
 from ipvsproxy.core.gcpause import paused
 from ipvsproxy.core.ipvs import (
@@ -45,8 +44,11 @@ from ipvsproxy.core.ipvsadm_format import (
     plain_block,
 )
 
+TYPE_CHECKING = False  # typing: not on the `ls` path (core/record.py)
+
 if TYPE_CHECKING:
     import argparse
+    from typing import Any
 
     from ipvsproxy.kernel.ipvs import IpvsClient
     from ipvsproxy.kernel.ipvs_dump import Frame

@@ -15,15 +15,17 @@ fwmark, which is what the dataclass's order=True compared too).
 
 from __future__ import annotations
 
-import socket
+# AF_INET, AF_INET6: plain ints (2, 10), which compare and print the same everywhere. From
+# _socket, the C module, as everywhere on the `ls` path: the Python `socket` module converts all
+# of its constants to enums on import, ~0.15 s of each `ipvsproxy ls` under emulation.
+from _socket import AF_INET as AF_INET
+from _socket import AF_INET6 as AF_INET6
 from enum import IntEnum
 from ipaddress import IPv4Address, IPv6Address
-from typing import NamedTuple
+
+from ipvsproxy.core.record import NamedTuple  # typing.NamedTuple, without importing typing
 
 IPAddress = IPv4Address | IPv6Address
-
-AF_INET = int(socket.AF_INET)  # 2 (plain ints: values compare and print the same everywhere)
-AF_INET6 = int(socket.AF_INET6)  # 10
 
 # Service flags (ip_vs.h IP_VS_SVC_F_*).
 SVC_F_PERSISTENT = 0x0001

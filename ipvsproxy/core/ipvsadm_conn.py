@@ -14,9 +14,12 @@ from ipvsproxy.core.ipvs import Protocol
 from ipvsproxy.core.ipvsadm_format import (
     FMT_PERSISTENTCONN,
     NO_RESOLVER,
-    Resolver,
     addrport_to_anyname,
 )
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from ipvsproxy.core.ipvsadm_format import Resolver  # a type only
 
 CONN_PROC_FILE = "/proc/net/ip_vs_conn"
 _FGETS_SIZE = 256  # list_conn: static char buffer[256]

@@ -7,12 +7,10 @@ ipvsadm.c or libipvs/libipvs.c of ipvsadm 1.31 (Debian bookworm's 1:1.31-1) and 
 
 from __future__ import annotations
 
+from _socket import inet_ntoa as _ntoa  # (not socket: see core/ipvs.py AF_INET)
 from collections.abc import Callable, Mapping, Sequence
 from ipaddress import IPv4Address, IPv6Address
 from operator import itemgetter
-from socket import inet_ntoa as _ntoa
-from typing import Protocol as TypingProtocol
-from typing import TypeVar
 
 from ipvsproxy.core.ipvs import (
     AF_INET,
@@ -33,6 +31,13 @@ from ipvsproxy.core.ipvs import (
     Timeouts,
     VirtualServer,
 )
+
+TYPE_CHECKING = False  # typing: not on the `ls` path (core/record.py)
+if TYPE_CHECKING:
+    from typing import Protocol as TypingProtocol
+    from typing import TypeVar
+
+    T = TypeVar("T")
 
 IPAddress = IPv4Address | IPv6Address
 
@@ -59,14 +64,16 @@ _ADDRPORT_BUF = 60  # addrport_to_anyname: malloc(60) + snprintf, so at most 59 
 _NULL = "(null)"  # what glibc's printf prints for a NULL %s (fwd_name of an unknown method)
 
 
-class Resolver(TypingProtocol):
-    """The two lookups ipvsadm makes without -n. None means "not found"."""
+if TYPE_CHECKING:  # a type only: typing.Protocol is not on the `ls` path
+    class Resolver(TypingProtocol):
+        """The two lookups ipvsadm makes without -n. None means "not found"."""
 
-    def host(self, addr: IPAddress) -> str | None:
-        """gethostbyaddr(addr)->h_name (ipvsadm.c addr_to_host)."""
+        def host(self, addr: IPAddress) -> str | None:
+            """gethostbyaddr(addr)->h_name (ipvsadm.c addr_to_host)."""
 
-    def service(self, port: int, proto: str) -> str | None:
-        """getservbyport(port, proto)->s_name, proto "tcp", "udp" or "sctp" (port_to_service)."""
+        def service(self, port: int, proto: str) -> str | None:
+            """getservbyport(port, proto)->s_name, proto "tcp", "udp" or "sctp"
+            (port_to_service)."""
 
 
 class NoResolver:
@@ -206,7 +213,6 @@ def cmp_dests(d1: ObservedDest, d2: ObservedDest) -> int:
     return k1.port - k2.port
 
 
-T = TypeVar("T")
 
 
 def glibc_qsort(items: Sequence[T], cmp: Callable[[T, T], int]) -> list[T]:

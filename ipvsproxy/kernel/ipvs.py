@@ -15,13 +15,13 @@ a forked child while this process decodes (ipvs_dump.py); the replies are decode
 
 from __future__ import annotations
 
+import _socket  # the C module (see core/ipvs.py AF_INET)
+import contextlib
 import errno as errno_mod
 import os
-import socket
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import repeat
 from types import TracebackType
-from typing import TypeVar
 
 from ipvsproxy.core.gcpause import paused
 from ipvsproxy.core.ipvs import (
@@ -41,10 +41,15 @@ from ipvsproxy.kernel import ipvs_codec as c
 from ipvsproxy.kernel import ipvs_dump
 from ipvsproxy.kernel.ipvs_shapes import DumpDecoder
 
+TYPE_CHECKING = False  # typing: not on the `ls` path (core/record.py)
+if TYPE_CHECKING:
+    from typing import TypeVar
+
+    _T = TypeVar("_T")
+
 _NO_STATS = Stats()
 
 _new = tuple.__new__  # a NamedTuple from the tuple of its fields, in C
-_T = TypeVar("_T")
 
 NETLINK_GENERIC = 16
 SOL_NETLINK = 270
@@ -92,7 +97,8 @@ def resolve_family() -> int:
     emulation and ~100 ms on hardware, which `ipvsproxy ls` cannot afford. The kernel loads
     ip_vs on this lookup if it can (genl_ctrl request_module of the family alias).
     """
-    with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_GENERIC) as s:
+    s = _socket.socket(_socket.AF_NETLINK, _socket.SOCK_RAW, NETLINK_GENERIC)
+    with contextlib.closing(s):
         s.bind((0, 0))
         s.settimeout(10.0)
         name = c._nla(CTRL_ATTR_FAMILY_NAME, b"IPVS\0")
@@ -158,15 +164,15 @@ class IpvsClient:
 
     def __init__(self, family: int | None = None) -> None:
         self.family = family if family is not None else resolve_family()
-        self.sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_GENERIC)
+        self.sock = _socket.socket(_socket.AF_NETLINK, _socket.SOCK_RAW, NETLINK_GENERIC)
         try:
-            self.sock.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, RCVBUF)
+            self.sock.setsockopt(_socket.SOL_SOCKET, SO_RCVBUFFORCE, RCVBUF)
         except OSError:
-            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RCVBUF)
+            self.sock.setsockopt(_socket.SOL_SOCKET, _socket.SO_RCVBUF, RCVBUF)
         try:
-            self.sock.setsockopt(socket.SOL_SOCKET, SO_SNDBUFFORCE, RCVBUF)
+            self.sock.setsockopt(_socket.SOL_SOCKET, SO_SNDBUFFORCE, RCVBUF)
         except OSError:
-            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, RCVBUF)
+            self.sock.setsockopt(_socket.SOL_SOCKET, _socket.SO_SNDBUF, RCVBUF)
         self.sock.setsockopt(SOL_NETLINK, NETLINK_CAP_ACK, 1)
         self.sock.bind((0, 0))
         self.sock.settimeout(30.0)

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import os
 import struct
+from _socket import htons  # (not socket: see core/ipvs.py AF_INET)
 from collections.abc import Callable, Iterator
 from ipaddress import IPv4Address, IPv6Address
-from socket import htons
 
 from ipvsproxy.core.ipvs import (
     AF_INET,

@@ -20,10 +20,10 @@ child does not have).
 
 from __future__ import annotations
 
+import _socket  # the C module (see core/ipvs.py AF_INET)
 import contextlib
 import fcntl
 import os
-import socket
 import struct
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -62,14 +62,14 @@ _DONE_IN_DATA = -1  # end None: the NLMSG_DONE is at the end of the data
 _FAILED = -2  # the child failed: b holds an errno (or 0), the data the message
 
 
-def dump_socket() -> socket.socket:
-    sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_GENERIC)
+def dump_socket() -> _socket.socket:
+    sock = _socket.socket(_socket.AF_NETLINK, _socket.SOCK_RAW, NETLINK_GENERIC)
     sock.bind((0, 0))
     sock.settimeout(30.0)
     return sock
 
 
-def read_dump(sock: socket.socket, view: memoryview, seq: int) -> tuple[list[bytes], int | None]:
+def read_dump(sock: _socket.socket, view: memoryview, seq: int) -> tuple[list[bytes], int | None]:
     """The data buffers of the dump `seq`, and how it ended: 0 (a buffer with NLMSG_DONE
     first), the errno of an NLMSG_ERROR, or None when the NLMSG_DONE came at the end of the
     last data buffer (the decoder meets it there).

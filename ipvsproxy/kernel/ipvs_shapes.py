@@ -16,12 +16,11 @@ decoder in tests/unit/test_ipvs_codec.py.
 from __future__ import annotations
 
 import struct
+from _socket import htonl, ntohl, ntohs  # (not socket: see core/ipvs.py AF_INET)
 from collections.abc import Callable, Iterable, Sequence
 from ipaddress import IPv4Address, IPv6Address
 from itertools import chain, filterfalse, repeat
 from operator import attrgetter, itemgetter
-from socket import htonl, ntohl, ntohs
-from typing import Any, TypeVar
 
 from ipvsproxy.core.ipvs import (
     AF_INET6,
@@ -77,6 +76,12 @@ from ipvsproxy.kernel.ipvs_codec import (
     decode_service,
     error_code,
 )
+
+TYPE_CHECKING = False  # typing: not on the `ls` path (core/record.py)
+if TYPE_CHECKING:
+    from typing import Any, TypeVar
+
+    _T = TypeVar("_T")
 
 _NESTS = {(A_SERVICE,), (A_DEST,), (A_SERVICE, S_STATS), (A_SERVICE, S_STATS64),
           (A_DEST, D_STATS), (A_DEST, D_STATS64)}
@@ -493,7 +498,7 @@ class _ServiceShape:
         return done * shape.size
 
 
-class _Addrs(dict[Any, "IPv4Address | IPv6Address"]):
+class _Addrs(dict["Any", "IPv4Address | IPv6Address"]):
     """An address as a shape reads it (a native u32 for IPv4, 16 bytes for IPv6) -> its object.
     A miss takes the object of the dump before, else makes one; dict calls __missing__ from C,
     so a hit runs no Python code."""
@@ -665,7 +670,6 @@ class DumpDecoder:
         return self._walk(buf, seq, out, stats, self._service_shapes, generic, _ServiceShape)
 
 
-_T = TypeVar("_T")
 
 
 def _learn(make: Callable[..., _T], *args: Any) -> _T | None:
