@@ -8,7 +8,7 @@ ipvsadm.c or libipvs/libipvs.c of ipvsadm 1.31 (Debian bookworm's 1:1.31-1) and 
 from __future__ import annotations
 
 from _socket import inet_ntoa as _ntoa  # (not socket: see core/ipvs.py AF_INET)
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from ipaddress import IPv4Address, IPv6Address
 from operator import itemgetter
 
@@ -31,13 +31,11 @@ from ipvsproxy.core.ipvs import (
     Timeouts,
     VirtualServer,
 )
+from ipvsproxy.core.ipvsadm_sort import WRAP, glibc_qsort, int32, sort_dests, sort_services
 
 TYPE_CHECKING = False  # typing: not on the `ls` path (core/record.py)
 if TYPE_CHECKING:
     from typing import Protocol as TypingProtocol
-    from typing import TypeVar
-
-    T = TypeVar("T")
 
 IPAddress = IPv4Address | IPv6Address
 
@@ -153,133 +151,6 @@ def addrport_to_anyname(addr: IPAddress, port: int, proto: int, fmt: int,
 
 
 # ---------------------------------------------------------------------------------------------
-# Sorting (libipvs.c ipvs_cmp_services / ipvs_cmp_dests, qsort = glibc 2.36 merge sort)
-
-
-def _int32(v: int) -> int:
-    """The C conversion of an unsigned 32-bit difference to int: wraps into -2^31..2^31-1."""
-    v &= 0xFFFFFFFF
-    return v - (1 << 32) if v & 0x80000000 else v
-
-
-def _words(addr: IPAddress | None) -> tuple[int, int, int, int]:
-    """union nf_inet_addr as four host-order words; IPv4 fills the first, fwmark none."""
-    if addr is None:
-        return (0, 0, 0, 0)
-    if addr.version == 4:
-        return (int(addr), 0, 0, 0)
-    v = int(addr)
-    return (v >> 96, (v >> 64) & 0xFFFFFFFF, (v >> 32) & 0xFFFFFFFF, v & 0xFFFFFFFF)
-
-
-def _cmp_addr(af1: int, a1: IPAddress | None, a2: IPAddress | None) -> int:
-    # Each word is subtracted as uint32 and stored in an int: addresses 2^31 or more apart
-    # compare backwards (192.168.x.x sorts before 10.x.x.x). Only the first entry's af counts.
-    w1, w2 = _words(a1), _words(a2)
-    if af1 == AF_INET6:
-        r = 0
-        for i in range(4):
-            r = _int32(w1[i] - w2[i])
-            if r:
-                break
-        return r
-    return _int32(w1[0] - w2[0])
-
-
-def cmp_services(s1: ObservedService, s2: ObservedService) -> int:
-    """libipvs.c ipvs_cmp_services: fwmark, af, protocol, address, port."""
-    k1, k2 = s1.service.key, s2.service.key
-    r = _int32(k1.fwmark - k2.fwmark)
-    if r:
-        return r
-    r = k1.af - k2.af
-    if r:
-        return r
-    r = int(k1.protocol) - int(k2.protocol)
-    if r:
-        return r
-    r = _cmp_addr(k1.af, k1.addr, k2.addr)
-    if r:
-        return r
-    return k1.port - k2.port
-
-
-def cmp_dests(d1: ObservedDest, d2: ObservedDest) -> int:
-    """libipvs.c ipvs_cmp_dests: address (by the first one's family), then port."""
-    k1, k2 = d1.dest.key, d2.dest.key
-    r = _cmp_addr(d1.dest.af, k1.addr, k2.addr)
-    if r:
-        return r
-    return k1.port - k2.port
-
-
-
-
-def glibc_qsort(items: Sequence[T], cmp: Callable[[T, T], int]) -> list[T]:
-    """glibc 2.36 qsort: msort_with_tmp, a top-down merge sort (n/2 on the left) that takes
-    the left element when cmp <= 0. Copied step for step because cmp is not transitive."""
-    n = len(items)
-    if n <= 1:
-        return list(items)
-    left = glibc_qsort(items[:n // 2], cmp)
-    right = glibc_qsort(items[n // 2:], cmp)
-    out: list[T] = []
-    i = j = 0
-    while i < len(left) and j < len(right):
-        if cmp(left[i], right[j]) <= 0:
-            out.append(left[i])
-            i += 1
-        else:
-            out.append(right[j])
-            j += 1
-    out.extend(left[i:])
-    out.extend(right[j:])
-    return out
-
-
-_WRAP = 1 << 31
-
-
-def _consistent(columns: Sequence[Sequence[int]]) -> bool:
-    """True when every column spans less than 2^31: then each wrapped difference has the sign of
-    the true difference, the comparator is a total order, and any stable sort agrees with
-    glibc's merge sort."""
-    return all(not col or max(col) - min(col) < _WRAP for col in columns)
-
-
-def sort_services(services: Sequence[ObservedService]) -> list[ObservedService]:
-    """ipvsadm's service order: a key sort when that is provably the same, else glibc_qsort."""
-    keys = [(s.service.key.fwmark, s.service.key.af, int(s.service.key.protocol),
-             *_words(s.service.key.addr), s.service.key.port) for s in services]
-    cols = [[k[i] for k in keys] for i in (0, 3, 4, 5, 6)]
-    if not _consistent(cols):
-        return glibc_qsort(services, cmp_services)
-    order = sorted(range(len(services)), key=keys.__getitem__)
-    return [services[i] for i in order]
-
-
-def sort_dests(dests: Sequence[ObservedDest]) -> list[ObservedDest]:
-    """ipvsadm's real-server order, by the same rule as sort_services."""
-    if len(dests) < 2:
-        return list(dests)
-    keys4 = [(int(k.addr), k.port) for k in [d.dest.key for d in dests]
-             if type(k.addr) is IPv4Address]
-    if len(keys4) == len(dests):  # all IPv4, the common case: one address word to compare
-        first = [k[0] for k in keys4]
-        if max(first) - min(first) < _WRAP:
-            order = sorted(range(len(dests)), key=keys4.__getitem__)
-            return [dests[i] for i in order]
-        return glibc_qsort(dests, cmp_dests)
-    if len({d.dest.af for d in dests}) > 1:  # the first one's family decides each comparison
-        return glibc_qsort(dests, cmp_dests)
-    keys = [(*_words(d.dest.key.addr), d.dest.key.port) for d in dests]
-    if not _consistent([[k[i] for k in keys] for i in range(4)]):
-        return glibc_qsort(dests, cmp_dests)
-    order = sorted(range(len(dests)), key=keys.__getitem__)
-    return [dests[i] for i in order]
-
-
-# ---------------------------------------------------------------------------------------------
 # Pieces of print_service_entry
 
 
@@ -311,7 +182,7 @@ def sched_flags(scheduler: str, flags: int) -> str:
 
 def _c_int(v: int) -> int:
     """An unsigned 32-bit value printed with %d."""
-    return _int32(v)
+    return int32(v)
 
 
 _FWD_NAMES = {0: "Masq", 1: "Local", 2: "Tunnel", 3: "Route"}  # fwd_name
@@ -371,7 +242,7 @@ def _persistence(svc: ObservedService, word: str, mask_word: str) -> str:
     if vs.key.af == AF_INET and netmask != 0xFFFFFFFF:
         out += f" {mask_word} {IPv4Address(netmask & 0xFFFFFFFF)}"  # inet_ntoa
     if vs.key.af == AF_INET6 and netmask != 128:
-        out += f" {mask_word} {_int32(netmask)}"  # "%i"
+        out += f" {mask_word} {int32(netmask)}"  # "%i"
     return out
 
 
@@ -481,7 +352,7 @@ def _plain_numeric_lines(dests: Sequence[ObservedDest], proto: int, fmt: int,
     keys = [d.dest.key for d in dests]
     nums = [int(a) for a, _ in keys if type(a) is IPv4Address]
     nosort = fmt & FMT_NOSORT
-    if len(nums) == len(keys) and (nosort or not nums or max(nums) - min(nums) < _WRAP):
+    if len(nums) == len(keys) and (nosort or not nums or max(nums) - min(nums) < WRAP):
         rows = [(n, k.port, d) for n, k, d in zip(nums, keys, dests, strict=True)]
         if not nosort:
             rows.sort(key=_ADDR_PORT)  # what sort_dests does when every address is IPv4
@@ -490,7 +361,7 @@ def _plain_numeric_lines(dests: Sequence[ObservedDest], proto: int, fmt: int,
             rs = d.dest
             weight = rs.weight
             if not 0 <= weight <= 0x7FFFFFFF:
-                weight = _int32(weight)
+                weight = int32(weight)
             out.append(_PLAIN % (f"{_ntoa(n.to_bytes(4, 'big'))}:{port}",  # at most 21 chars
                                  _FWD_NAMES.get(rs.fwd, _NULL), weight, d.active_conns,
                                  d.inact_conns))
@@ -521,7 +392,7 @@ _LISTING_FWD = tuple(_FWD_NAMES.get(f, _NULL) for f in FWD_BY_CODE)
 
 def _cmp_rows(r1: tuple[int, ...], r2: tuple[int, ...]) -> int:
     """cmp_dests for two IPv4 listing rows (address, port, ...)."""
-    return _int32(r1[0] - r2[0]) or r1[1] - r2[1]
+    return int32(r1[0] - r2[0]) or r1[1] - r2[1]
 
 
 def listing_lines(rows: list[tuple[int, ...]], fmt: int) -> list[str]:
@@ -532,9 +403,9 @@ def listing_lines(rows: list[tuple[int, ...]], fmt: int) -> list[str]:
     if len(rows) > 1 and not fmt & FMT_NOSORT:
         first = [r[0] for r in rows]
         # (address, port) is unique in a service: tuple order is sort_dests' order
-        rows = sorted(rows) if max(first) - min(first) < _WRAP else glibc_qsort(rows, _cmp_rows)
+        rows = sorted(rows) if max(first) - min(first) < WRAP else glibc_qsort(rows, _cmp_rows)
     return [_PLAIN % (f"{_ntoa(n.to_bytes(4, 'big'))}:{port}", _LISTING_FWD[fwd & 7],
-                      weight if weight <= 0x7FFFFFFF else _int32(weight), act, inact)
+                      weight if weight <= 0x7FFFFFFF else int32(weight), act, inact)
             for n, port, fwd, weight, act, inact in rows]
 
 

@@ -45,8 +45,6 @@ from ipvsproxy.core.ipvsadm_format import (
     FMT_THRESHOLDS,
     FMT_TUN_INFO,
     NO_RESOLVER,
-    cmp_services,
-    glibc_qsort,
     inet_ntop,
     largenum,
     list_all,
@@ -54,6 +52,7 @@ from ipvsproxy.core.ipvsadm_format import (
     list_timeout,
     sched_flags,
 )
+from ipvsproxy.core.ipvsadm_sort import cmp_services, glibc_qsort
 
 TCP, UDP, SCTP = Protocol.TCP, Protocol.UDP, Protocol.SCTP
 INFO = IpvsInfo((1 << 16) | (2 << 8) | 1, 4096)
@@ -580,7 +579,8 @@ _dests = st.builds(
        st.booleans())
 def test_plain_numeric_lines_equal_the_general_ones(ds: list[ObservedDest], v4_only: bool,
                                                      nosort: bool) -> None:
-    from ipvsproxy.core.ipvsadm_format import _dest_line, _plain_numeric_lines, sort_dests
+    from ipvsproxy.core.ipvsadm_format import _dest_line, _plain_numeric_lines
+    from ipvsproxy.core.ipvsadm_sort import sort_dests
 
     if v4_only:
         ds = [d for d in ds if d.dest.key.addr.version == 4]

@@ -16,7 +16,7 @@ from ipvsproxy.core.ipvs import (
     ServiceKey,
     VirtualServer,
 )
-from ipvsproxy.core.ipvsadm_format import (
+from ipvsproxy.core.ipvsadm_sort import (
     cmp_dests,
     cmp_services,
     glibc_qsort,
