@@ -24,9 +24,11 @@ import re
 import shlex
 import shutil
 import subprocess
+import sys
 import threading
 import time
 import tomllib
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -435,12 +437,13 @@ def test_what_the_dockerfile_copies_is_in_the_build_context() -> None:
     copies = [shlex.split(line)[1:-1] for line in dockerfile.splitlines()
               if line.startswith("COPY ")]
     sources = [s for srcs in copies for s in srcs if not s.startswith("--")]
-    assert {"deploy/requirements.txt", "ipvsproxy", "scheduler", "deploy/entrypoint.sh"} <= set(
-        sources)
+    assert {"deploy/requirements.txt", "ipvsproxy", "scheduler", "deploy/entrypoint.sh",
+            "bin"} <= set(sources)
     for src in sources:
         assert (ROOT / src).exists(), src
         files = [src] if (ROOT / src).is_file() else [
-            p.relative_to(ROOT).as_posix() for p in (ROOT / src).rglob("*.py")]
+            p.relative_to(ROOT).as_posix() for p in (ROOT / src).rglob("*")
+            if p.is_file() and "__pycache__" not in p.parts]
         assert files and all(dockerignore_allows(f, patterns) for f in files), src
     for outside in (".venv/bin/python", ".git/HEAD", "tests/unit/test_deploy.py",
                     "ipvsproxy/__pycache__/cli.cpython-311.pyc", "bench/kernel_bench.py"):
@@ -450,6 +453,36 @@ def test_what_the_dockerfile_copies_is_in_the_build_context() -> None:
     assert entrypoint and f"COPY deploy/entrypoint.sh {entrypoint[1]}\n" in dockerfile
     apt = re.search(r"--no-install-recommends ([^\\\n]+)", dockerfile)
     assert apt and {"ipset", "iptables", "ipvsadm"} <= set(apt[1].split())
+
+
+def test_the_package_as_the_image_copies_it_installs_the_ipvsproxy_command(
+        tmp_path: Path) -> None:
+    """`pip install --no-deps /src` of what the Dockerfile copies to /src: the wheel holds the
+    package and the `ipvsproxy` script (pyproject.toml script-files, bin/ipvsproxy)."""
+    dockerfile = (ROOT / "Dockerfile").read_text(encoding="utf-8")
+    src = tmp_path / "src"
+    for line in dockerfile.splitlines():
+        parts = shlex.split(line) if line.startswith("COPY ") else []
+        if parts and parts[-1].startswith("/src/"):
+            dest = src / parts[-1].removeprefix("/src/")
+            for one in parts[1:-1]:
+                target = dest / Path(one).name if parts[-1].endswith("/") else dest
+                if (ROOT / one).is_dir():
+                    shutil.copytree(ROOT / one, target,
+                                    ignore=shutil.ignore_patterns("__pycache__"))
+                else:
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copy2(ROOT / one, target)
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
+                            "--disable-pip-version-check", "-w", str(tmp_path / "out"),
+                            str(src)], timeout=300, capture_output=True, text=True)
+    assert built.returncode == 0, built.stderr[-3000:]
+    (wheel,) = (tmp_path / "out").glob("ipvsproxy-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "ipvsproxy/cli.py" in names and "scheduler/__init__.py" in names
+    (script,) = [n for n in names if n.endswith(".data/scripts/ipvsproxy")]
+    text = zipfile.ZipFile(wheel).read(script).decode()
+    assert text.startswith("#!python") and "from ipvsproxy.cli import main" in text
 
 
 def _canonical(name: str) -> str:

@@ -490,7 +490,7 @@ def test_a_dump_hands_out_the_address_objects_it_is_given() -> None:
         return _with_seq(_kernel_dest(addr.packed, AF_INET, 80, 0, 1, 0), seq)
 
     dec = shapes.DumpDecoder()
-    dec.new_dump(reuse=[mine, IPv6Address("fd00::1")])
+    dec.new_dump(reuse=[mine, None, mine, IPv6Address("fd00::1")])  # as dataplane gives it
     one = _one_by_one(dec, [(10, [dest(IPv4Address("10.0.0.1"), 10) + dest(mine, 10)], 0)])
     assert one[0][1].dest.key.addr is mine
     many = dec.many_dests([(11, [dest(mine, 11) + dest(other, 11)], 0)], AF_INET)
