@@ -7,7 +7,6 @@ emulation); anything else it does not know for sure goes through argparse as usu
 
 from __future__ import annotations
 
-import importlib
 import os
 import sys
 from collections.abc import Sequence
@@ -81,7 +80,9 @@ class CliError(Exception):
 
 
 def _load(name: str) -> ModuleType:
-    return importlib.import_module(SUBCOMMANDS[name][0])
+    module = SUBCOMMANDS[name][0]
+    __import__(module)  # (not importlib.import_module: importlib is not on the `ls` path)
+    return sys.modules[module]
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:

@@ -17,14 +17,13 @@ process) still gets it, with the same objects.
 from __future__ import annotations
 
 import _thread
-import importlib
-import importlib.machinery
 import sys
 from collections.abc import Sequence
 from types import ModuleType
 
 TYPE_CHECKING = False  # typing: not on the `ls` path (core/record.py)
 if TYPE_CHECKING:
+    from importlib.machinery import ModuleSpec
     from typing import Any
 
 
@@ -34,15 +33,18 @@ LEAN: dict[str, dict[str, str]] = {
     "kubernetes": {},
 }
 
-_lock = _thread.RLock()  # (threading, importlib.abc: imports the `ls` path does not need)
+# (threading, importlib: imports the `ls` path does not need; they load when the finder is used)
+_lock = _thread.RLock()
 
 
 class _Finder:  # a MetaPathFinder
     def find_spec(self, fullname: str, path: Sequence[str] | None,
-                  target: ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
+                  target: ModuleType | None = None) -> ModuleSpec | None:
         if fullname not in LEAN:
             return None
-        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        from importlib.machinery import PathFinder
+
+        spec = PathFinder.find_spec(fullname, path)
         if spec is None or spec.loader is None or spec.submodule_search_locations is None:
             return spec
         spec.loader = _Loader(spec.loader, LEAN[fullname])  # type: ignore[assignment]
@@ -53,24 +55,26 @@ class _Loader:  # a Loader
     def __init__(self, real: Any, names: dict[str, str]) -> None:
         self.real, self.names = real, names
 
-    def create_module(self, spec: importlib.machinery.ModuleSpec) -> None:
+    def create_module(self, spec: ModuleSpec) -> None:
         return None  # the default module, with __path__ set from the spec
 
     def exec_module(self, module: ModuleType) -> None:
         name = module.__name__
 
         def __getattr__(attr: str) -> Any:
+            from importlib import import_module
+
             with _lock:
                 if "__getattr__" not in vars(module):  # another thread ran the real one
                     return getattr(module, attr)
                 where = self.names.get(attr)
                 if where is not None:
-                    value = getattr(importlib.import_module(where), attr)
+                    value = getattr(import_module(where), attr)
                     setattr(module, attr, value)
                     return value
                 if not attr.startswith("__"):
                     try:
-                        return importlib.import_module(f"{name}.{attr}")
+                        return import_module(f"{name}.{attr}")
                     except ModuleNotFoundError as exc:
                         if exc.name != f"{name}.{attr}":
                             raise
