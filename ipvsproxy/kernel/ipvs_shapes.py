@@ -2,25 +2,23 @@
 
 Every real server (and every virtual server with the same scheduler name) comes back from the
 kernel in the same attribute layout (ip_vs_ctl.c ip_vs_genl_fill_dest / _fill_service), and
-one receive buffer holds many such messages back to back. A Shape is learned from a message the
-generic decoder accepted: one struct.Struct reads the values of a whole message, and
-struct.iter_unpack reads a run of same-length messages in one C call. A message goes through a
-Shape only if its length, type, every attribute header and its address family equal the
-learned ones (checked for a whole run at once) and its sequence number is the request's; any
-other message goes through the generic decoder, which then learns its shape. Values become
-NamedTuples straight from the unpacked tuple (tuple.__new__, no Python-level constructor), and
-real servers with the same address share one address object. Tested against the generic
-decoder in tests/unit/test_ipvs_codec.py.
+one receive buffer holds many such messages back to back. A Shape (netlink_shape.py) is
+learned from a message the generic decoder accepted: one struct.Struct reads the values of a
+whole message, and struct.iter_unpack reads a run of same-length messages in one C call. A
+message goes through a Shape only if its length, type, every attribute header and its address
+family equal the learned ones (checked for a whole run at once) and its sequence number is the
+request's; any other message goes through the generic decoder, which then learns its shape.
+Values become NamedTuples straight from the unpacked tuple (tuple.__new__, no Python-level
+constructor), and real servers with the same address share one address object
+(ipvs_addrs.py). Tested against the generic decoder in tests/unit/test_ipvs_codec.py.
 """
 
 from __future__ import annotations
 
-import struct
 from _socket import htonl, ntohl, ntohs  # (not socket: see core/ipvs.py AF_INET)
 from collections.abc import Callable, Iterable, Sequence
 from ipaddress import IPv4Address, IPv6Address
-from itertools import chain, filterfalse, repeat
-from operator import attrgetter, itemgetter
+from itertools import chain, repeat
 
 from ipvsproxy.core.ipvs import (
     AF_INET6,
@@ -35,6 +33,7 @@ from ipvsproxy.core.ipvs import (
     Stats,
     VirtualServer,
 )
+from ipvsproxy.kernel.ipvs_addrs import Addrs, ipv4_number
 from ipvsproxy.kernel.ipvs_codec import (
     _HDR,
     _NLA,
@@ -76,6 +75,7 @@ from ipvsproxy.kernel.ipvs_codec import (
     decode_service,
     error_code,
 )
+from ipvsproxy.kernel.netlink_shape import Shape, fixed, walk
 
 TYPE_CHECKING = False  # typing: not on the `ls` path (core/record.py)
 if TYPE_CHECKING:
@@ -87,195 +87,21 @@ _NESTS = {(A_SERVICE,), (A_DEST,), (A_SERVICE, S_STATS), (A_SERVICE, S_STATS64),
           (A_DEST, D_STATS), (A_DEST, D_STATS64)}
 
 
-def _ipv4_makers() -> tuple[Callable[[int], IPv4Address],
-                             Callable[[Iterable[int]], list[IPv4Address]]]:
-    """IPv4Address(ntohl(n)) for an IPv4 address read as a native u32 n (and for many such n),
-    without the constructor's Python-level checks: the object is made as
-    IPv4Address.__init__ makes it, its one slot `_ip` set. A dump makes one per real server;
-    this halves the cost. It is checked here against the real constructor (and the class's
-    slots); if this Python's ipaddress differs, the real constructor is used."""
-    new = object.__new__
-
-    def make(n: int) -> IPv4Address:
-        addr = new(IPv4Address)
-        addr._ip = ntohl(n)  # type: ignore[attr-defined]
-        return addr
-
-    def make_many(ns: Iterable[int]) -> list[IPv4Address]:
-        out: list[IPv4Address] = []
-        append = out.append
-        for n in ns:
-            addr = new(IPv4Address)
-            addr._ip = ntohl(n)  # type: ignore[attr-defined]
-            append(addr)
-        return out
-
-    def make_slowly(n: int) -> IPv4Address:
-        return IPv4Address(ntohl(n))
-
-    def make_many_slowly(ns: Iterable[int]) -> list[IPv4Address]:
-        return [IPv4Address(ntohl(n)) for n in ns]
-
-    slots = {s for cls in IPv4Address.__mro__ for s in cls.__dict__.get("__slots__", ())}
-    try:
-        real = IPv4Address("192.168.10.1")
-        same = slots == {"_ip", "__weakref__"} and all(
-            probe == real and hash(probe) == hash(real) and str(probe) == str(real)
-            and probe.packed == real.packed
-            for probe in (make(0x010AA8C0), *make_many([0x010AA8C0])))
-    except Exception:  # any surprise means: use the real constructor
-        same = False
-    return (make, make_many) if same else (make_slowly, make_many_slowly)
-
-
-_ipv4, _ipv4_many = _ipv4_makers()  # native u32(s) -> IPv4Address(es)
-# An IPv4Address's number, read from its slot (as _ipv4 writes it) where that was checked above;
-# else through the Python-level int().
-_ipv4_number: Callable[[IPv4Address], int] = \
-    attrgetter("_ip") if _ipv4.__name__ == "make" else int
 _FWDS = FWD_BY_CODE
 _PROTOS = {int(p): p for p in Protocol}
 _NO_STATS = Stats()
 _new = tuple.__new__  # builds a NamedTuple from a tuple of its fields, in C
 
-# How the fast path reads an attribute of a given value length: a struct format, None (treated
-# as absent, as the generic decoder treats it) or _SHORT (the generic decoder rejects it).
-_SHORT = "short"
-
-
-def _fixed(fmt: str, short: str | None = _SHORT) -> Callable[[int], str | None]:
-    need = struct.calcsize("=" + fmt)
-    return lambda n: fmt if n >= need else short
-
 
 def _stats_readers(nest: tuple[int, ...]) -> dict[tuple[int, ...], Callable[[int], str | None]]:
     wide = nest[1] == S_STATS64  # == D_STATS64
-    return {(*nest, t): _fixed("Q") if wide or t in (4, 5) else _fixed("I", None)
+    return {(*nest, t): fixed("Q") if wide or t in (4, 5) else fixed("I", None)
             for t in range(1, 11)}
 
 
 def _addr_reader(af: int) -> Callable[[int], str | None]:
     # An IPv4 address reads as a native u32 (ntohl gives its number), an IPv6 one as bytes.
-    return _fixed("16s") if af == AF_INET6 else _fixed("I")
-
-
-def _walk(msg: memoryview, start: int, end: int, path: tuple[int, ...],
-          out: list[tuple[int, tuple[int, ...]]]) -> None:
-    off = start
-    while off + 4 <= end:
-        n, t = _NLA.unpack_from(msg, off)
-        if n < 4 or off + n > end:
-            raise DecodeError("bad attribute while learning a layout")
-        p = (*path, t & 0x3FFF)
-        out.append((off, p))
-        if p in _NESTS:
-            _walk(msg, off + 4, off + n, p, out)
-        off += (n + 3) & ~3
-
-
-class Shape:
-    """A learned message layout (see above).
-
-    `st` reads the sequence number (index 0) and the values of a message; `at[path]` is the
-    index of an attribute's value (an attribute that is absent, or that the generic decoder reads
-    as absent, is not in `at`). The rest of a message must equal the learned one: its length,
-    type, every attribute header and the `checked` values. `run()` tests that for many messages
-    at once, as big integers: the bytes of a run, masked, equal the learned bytes repeated.
-    """
-
-    __slots__ = ("_mask", "_runs", "_words", "at", "count", "size", "st")
-
-    def __init__(self, msg: memoryview,
-                 readers: Callable[[tuple[int, ...]], Callable[[int], str | None] | None],
-                 checked: Sequence[tuple[int, ...]] = ()) -> None:
-        length = int(_U32.unpack_from(msg)[0])
-        heads: list[tuple[int, tuple[int, ...]]] = []
-        _walk(msg, 20, length, (), heads)
-        if len({p for _, p in heads}) != len(heads):
-            raise DecodeError("an attribute repeats: not learned")
-        self.size = (length + 3) & ~3
-        mask = bytearray(self.size)
-        mask[0:6] = b"\xff" * 6  # nlmsg_len, nlmsg_type (not flags, seq, pid)
-        items: list[tuple[int, str, tuple[int, ...]]] = [(8, "I", ())]  # the sequence number
-        for off, p in heads:
-            n = int(_NLA.unpack_from(msg, off)[0])
-            mask[off:off + 4] = b"\xff" * 4
-            reader = readers(p)
-            fmt = reader(n - 4) if reader is not None else None
-            if fmt is _SHORT:
-                raise DecodeError(f"attribute {p} too short: not learned")
-            if fmt is not None:
-                items.append((off + 4, fmt, p))
-                if p in checked:
-                    width = struct.calcsize("=" + fmt)
-                    mask[off + 4:off + 4 + width] = b"\xff" * width
-        items.sort(key=lambda it: it[0])
-        parts, cur = ["="], 0
-        for off, fmt, _ in items:
-            if off < cur:
-                raise DecodeError("overlapping attributes: not learned")
-            parts.append(f"{off - cur}x{fmt}")
-            cur = off + struct.calcsize("=" + fmt)
-        if cur > self.size:
-            raise DecodeError("attributes overrun the message: not learned")
-        parts.append(f"{self.size - cur}x")
-        self.st = struct.Struct("".join(parts))
-        self.count = len(items)
-        self.at = {key: i for i, (_, _, key) in enumerate(items) if key}
-        learned = bytes(msg[:self.size]).ljust(self.size, b"\0")
-        self._mask = (bytes(mask), bytes(a & b for a, b in zip(learned, mask, strict=True)))
-        self._words = [(k // 4, learned[k:k + 4]) for k in range(0, self.size, 4)
-                       if any(mask[k:k + 4])]
-        self._runs: dict[int, tuple[int, int]] = {}
-
-    def _masks(self, m: int) -> tuple[int, int]:
-        got = self._runs.get(m)
-        if got is None:
-            if len(self._runs) > 64:
-                self._runs.clear()
-            mask, want = self._mask
-            got = self._runs[m] = (int.from_bytes(mask * m, "little"),
-                                   int.from_bytes(want * m, "little"))
-        return got
-
-    def run(self, buf: memoryview, off: int, end: int) -> memoryview | None:
-        """The longest run of messages of this shape at off (None: not even one)."""
-        size = self.size
-        m = (end - off) // size
-        if not m:
-            return None
-        run = buf[off:off + m * size]
-        mask, want = self._masks(m)
-        if int.from_bytes(run, "little") & mask == want:
-            return run
-        mask, want = self._masks(1)
-        k = 0
-        while k < m and int.from_bytes(run[k * size:(k + 1) * size], "little") & mask == want:
-            k += 1
-        return run[:k * size] if k else None
-
-    def covers(self, buf: memoryview) -> bool:
-        """Whether buf is nothing but messages of this shape. Word by word across all of them:
-        each 32-bit word the mask touches, read at that offset from every message (a strided
-        view), must be the learned word repeated. That is stricter than the mask where a word
-        is only partly checked (it also holds the message flags or an attribute's zero
-        padding, which in a dump do not vary); a false "no" only costs the slower path."""
-        size = self.size
-        m, rest = divmod(len(buf), size)
-        if rest or not m:
-            return False
-        words, step = buf.cast("I"), size >> 2
-        return all(words[k::step].tobytes() == w * m for k, w in self._words)
-
-    def getter(self, paths: Sequence[tuple[int, ...]]) -> Callable[[tuple[Any, ...]], Any]:
-        """Reads these paths from a value tuple; absent ones read the 0 appended at `count`."""
-        at = [self.at.get(p, self.count) for p in paths]
-        if len(at) > 1 and at == list(range(at[0], at[0] + len(at))):
-            return itemgetter(slice(at[0], at[0] + len(at)))  # one slice (the counters)
-        return itemgetter(*at)
-
-    def complete(self, paths: Sequence[tuple[int, ...]]) -> bool:
-        return all(p in self.at for p in paths)
+    return fixed("16s") if af == AF_INET6 else fixed("I")
 
 
 _D = [(A_DEST, t) for t in (D_ADDR, D_PORT, D_FWD, D_WEIGHT, D_UTHRESH, D_LTHRESH, D_TUN_TYPE,
@@ -331,7 +157,7 @@ def _listing_rows(shape: Shape) -> Callable[[Iterable[tuple[Any, ...]],
 
 def _dest_rows(shape: Shape, stats: list[tuple[int, ...]] | None
                ) -> Callable[[Iterable[tuple[Any, ...]], Callable[[ObservedDest], None],
-                              _Addrs], None]:
+                              Addrs], None]:
     """The generated row loop (above) of a learned dest shape; stats None: no counters."""
     def value(path: tuple[int, ...]) -> str:
         return _value(shape, path)
@@ -369,7 +195,7 @@ class _DestShape:
 
     def __init__(self, msg: memoryview, svc_af: int) -> None:
         heads: list[tuple[int, tuple[int, ...]]] = []
-        _walk(msg, 20, int(_U32.unpack_from(msg)[0]), (), heads)
+        walk(msg, 20, int(_U32.unpack_from(msg)[0]), (), heads, _NESTS)
         paths = {p for _, p in heads}
         af = svc_af
         af_path = (A_DEST, D_AF)
@@ -379,16 +205,16 @@ class _DestShape:
                 raise DecodeError("short address family: not learned")
             af = int(_U16.unpack_from(msg, af_off + 4)[0]) or svc_af
         readers: dict[tuple[int, ...], Callable[[int], str | None]] = {
-            (A_DEST, D_ADDR): _addr_reader(af), af_path: _fixed("H"),
-            (A_DEST, D_TUN_TYPE): _fixed("B", None)}
+            (A_DEST, D_ADDR): _addr_reader(af), af_path: fixed("H"),
+            (A_DEST, D_TUN_TYPE): fixed("B", None)}
         for t in (D_PORT, D_TUN_PORT, D_TUN_FLAGS):
-            readers[(A_DEST, t)] = _fixed("H")
+            readers[(A_DEST, t)] = fixed("H")
         for t in (D_FWD, D_WEIGHT, D_UTHRESH, D_LTHRESH, D_ACTIVE, D_INACT, D_PERSIST):
-            readers[(A_DEST, t)] = _fixed("I")
+            readers[(A_DEST, t)] = fixed("I")
         stats = _stats_paths(paths, A_DEST, D_STATS64, D_STATS)
         if stats:  # only the nest the generic decoder reads
             readers.update(_stats_readers(stats[0][:2]))
-        shape = Shape(msg, readers.get, [af_path])
+        shape = Shape(msg, _NESTS, readers.get, [af_path])
         if (A_DEST,) not in paths or not shape.complete(_D[:1]):
             raise DecodeError("no address: not learned")
         self.shape = shape
@@ -427,7 +253,7 @@ class _ServiceShape:
 
     def __init__(self, msg: memoryview) -> None:
         heads: list[tuple[int, tuple[int, ...]]] = []
-        _walk(msg, 20, int(_U32.unpack_from(msg)[0]), (), heads)
+        walk(msg, 20, int(_U32.unpack_from(msg)[0]), (), heads, _NESTS)
         paths = {p for _, p in heads}
         af_path = (A_SERVICE, S_AF)
         self.af = 0
@@ -441,15 +267,15 @@ class _ServiceShape:
             return f"{n}s"
 
         readers: dict[tuple[int, ...], Callable[[int], str | None]] = {
-            af_path: _fixed("H"), (A_SERVICE, S_PROTOCOL): _fixed("H"),
-            (A_SERVICE, S_ADDR): _addr_reader(self.af), (A_SERVICE, S_PORT): _fixed("H"),
-            (A_SERVICE, S_FWMARK): _fixed("I"), (A_SERVICE, S_SCHED): bytes_reader,
-            (A_SERVICE, S_PE_NAME): bytes_reader, (A_SERVICE, S_FLAGS): _fixed("I"),
-            (A_SERVICE, S_TIMEOUT): _fixed("I"), (A_SERVICE, S_NETMASK): _fixed("I", None)}
+            af_path: fixed("H"), (A_SERVICE, S_PROTOCOL): fixed("H"),
+            (A_SERVICE, S_ADDR): _addr_reader(self.af), (A_SERVICE, S_PORT): fixed("H"),
+            (A_SERVICE, S_FWMARK): fixed("I"), (A_SERVICE, S_SCHED): bytes_reader,
+            (A_SERVICE, S_PE_NAME): bytes_reader, (A_SERVICE, S_FLAGS): fixed("I"),
+            (A_SERVICE, S_TIMEOUT): fixed("I"), (A_SERVICE, S_NETMASK): fixed("I", None)}
         stats = _stats_paths(paths, A_SERVICE, S_STATS64, S_STATS)
         if stats:
             readers.update(_stats_readers(stats[0][:2]))
-        shape = Shape(msg, readers.get, [af_path])
+        shape = Shape(msg, _NESTS, readers.get, [af_path])
         if (A_SERVICE,) not in paths:
             raise DecodeError("no service: not learned")
         # netmask: absent (or short) reads -1; IPv6 carries a prefix length in host order
@@ -498,39 +324,6 @@ class _ServiceShape:
         return done * shape.size
 
 
-class _Addrs(dict["Any", "IPv4Address | IPv6Address"]):
-    """An address as a shape reads it (a native u32 for IPv4, 16 bytes for IPv6) -> its object.
-    A miss takes the object of the dump before, else makes one; dict calls __missing__ from C,
-    so a hit runs no Python code."""
-
-    __slots__ = ("before",)
-
-    def __init__(self, before: dict[Any, IPv4Address | IPv6Address] | None = None) -> None:
-        super().__init__()
-        self.before = before if before is not None else {}
-
-    def add_ipv4(self, raws: Iterable[int]) -> None:
-        """Hold the objects of these IPv4 addresses (native u32s), made in one go: before a
-        decode of many real servers, which then only looks them up."""
-        # (filterfalse/filter with __contains__, not set.difference: a set's difference with
-        # a dict subclass walks the whole dict, every call.)
-        need = set(filterfalse(self.__contains__, raws))
-        before = self.before
-        reuse = list(filter(before.__contains__, need)) if before else []
-        if reuse:
-            self.update(zip(reuse, map(before.__getitem__, reuse), strict=True))
-            need.difference_update(reuse)
-        if need:
-            self.update(zip(need, _ipv4_many(need), strict=True))
-
-    def __missing__(self, raw: int | bytes) -> IPv4Address | IPv6Address:
-        addr = self.before.get(raw)
-        if addr is None:
-            addr = _ipv4(raw) if type(raw) is int else IPv6Address(raw)
-        self[raw] = addr
-        return addr
-
-
 class DumpDecoder:
     """Decodes the receive buffers of dumps through learned shapes, else the generic decoder.
 
@@ -543,7 +336,7 @@ class DumpDecoder:
         self._dest_shapes: dict[int, dict[int, list[_DestShape]]] = {}  # service af, length
         self._service_shapes: dict[int, list[_ServiceShape]] = {}
         # An address as a shape reads it (a native u32 for IPv4, 16 bytes for IPv6) -> its object
-        self.addrs = _Addrs()
+        self.addrs = Addrs()
         self.names: dict[bytes, str] = {}
 
     def new_dump(self, reuse: Iterable[IPv4Address | IPv6Address] = ()) -> None:
@@ -552,11 +345,11 @@ class DumpDecoder:
         with, equal by identity instead of through IPv4Address.__eq__, and none is made anew)."""
         before = self.addrs
         before.before = {}  # one dump back only
-        self.addrs = _Addrs(before)
+        self.addrs = Addrs(before)
         # All in C, repeats included (the dict keeps one of each): hashing 180,000 addresses
         # into a set first, through IPv4Address.__hash__, took longer than the rest.
         v4: list[IPv4Address] = list(filter(IPv4Address.__instancecheck__, reuse))  # type: ignore[arg-type]
-        self.addrs.update(zip(map(htonl, map(_ipv4_number, v4)), v4, strict=True))
+        self.addrs.update(zip(map(htonl, map(ipv4_number, v4)), v4, strict=True))
 
     def name(self, raw: bytes) -> str:
         """A scheduler or persistence-engine name attribute as the generic decoder reads it."""
@@ -670,8 +463,6 @@ class DumpDecoder:
             return vs, st if stats else _NO_STATS
 
         return self._walk(buf, seq, out, stats, self._service_shapes, generic, _ServiceShape)
-
-
 
 
 def _learn(make: Callable[..., _T], *args: Any) -> _T | None:

@@ -33,6 +33,7 @@ from ipvsproxy.core.ipvs import (
     Stats,
     VirtualServer,
 )
+from ipvsproxy.kernel import ipvs_addrs
 from ipvsproxy.kernel import ipvs_codec as c
 from ipvsproxy.kernel import ipvs_shapes as shapes
 from ipvsproxy.kernel.ipvs import encode_op
@@ -564,7 +565,7 @@ def test_key_cache_encodes_the_same_bytes(vs: VirtualServer, rss: list[RealServe
 @given(st.integers(0, 2**32 - 1))
 def test_fast_ipv4_addresses_are_ipv4_addresses(n: int) -> None:
     native = struct.unpack("=I", n.to_bytes(4, "big"))[0]  # as a dump shape reads the address
-    fast, real = shapes._ipv4(native), IPv4Address(n)
+    fast, real = ipvs_addrs.ipv4(native), IPv4Address(n)
     assert type(fast) is IPv4Address
     assert (fast, hash(fast), str(fast), repr(fast), fast.packed) == (
         real, hash(real), str(real), repr(real), real.packed)
@@ -573,7 +574,7 @@ def test_fast_ipv4_addresses_are_ipv4_addresses(n: int) -> None:
 
 def test_fast_ipv4_constructor_is_in_use() -> None:
     """On the Python this project supports, ipaddress matches what _ipv4_maker checks for."""
-    assert shapes._ipv4.__name__ == "make"
+    assert ipvs_addrs.ipv4.__name__ == "make"
 
 
 class _Replay:
