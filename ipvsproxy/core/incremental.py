@@ -123,9 +123,6 @@ class Applied:
                 keys.add(k)
         return keys
 
-    def _rules(self, cfg: Config) -> dict[int, Rules]:
-        return _rules(self.families, self.set_sizes, self.out_filter, cfg)
-
     def plan(self, part: Desired, dirty: Collection[ServiceId],
              kernel: Mapping[ServiceKey, ObservedService], cfg: Config,
              force_delete: Collection[tuple[ServiceKey, DestKey]] = ()) -> Plan:
@@ -161,10 +158,12 @@ class Applied:
         # A set that outgrows its maxelem is resized, which refills it whole: the diff then
         # sees all its members (rare: capacity() leaves room to double).
         grown = _grown(set_sizes, self.specs)
+        merged: Counter[tuple[str, str]] | None = None
         for spec in self.specs:
             if grown[spec.name] is not spec:
-                merged = Counter(self.entry_refs)
-                merged.update(entries)
+                if merged is None:  # the whole counts after the change, once
+                    merged = Counter(self.entry_refs)
+                    merged.update(entries)
                 before[spec.name] = {e for n, e in self.entry_refs if n == spec.name}
                 after[spec.name] = {e for (n, e), c in merged.items() if n == spec.name and c > 0}
         rules = _rules(self.families, set_sizes, out_filter, cfg)
@@ -179,9 +178,6 @@ class Applied:
                        frozenset(a for a in addrs if self.addr_refs.get(a, 0) > 0),
                        chains)
         return diff(des, obs, cfg.exclude_cidrs, force_delete)
-
-    def _grown(self, specs: tuple[SetSpec, ...]) -> dict[str, SetSpec]:
-        return _grown(self.set_sizes, specs)
 
     def commit(self, part: Desired, dirty: Collection[ServiceId], cfg: Config,
                scope: Collection[ServiceKey]) -> None:
@@ -203,9 +199,8 @@ class Applied:
         self.owners.update(part.owners)
         if any(self.owners.get(k) != v for k, v in owners_before.items()):
             self.owners_version += 1
-        self.rules = self._rules(cfg)
-        self.specs = tuple(self._grown(self.specs).values())  # as plan() resized them
-
+        self.rules = _rules(self.families, self.set_sizes, self.out_filter, cfg)
+        self.specs = tuple(_grown(self.set_sizes, self.specs).values())  # as plan() resized them
 
 
 def _rules(families: tuple[int, ...], set_sizes: Mapping[str, int],
