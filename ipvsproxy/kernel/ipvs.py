@@ -100,7 +100,7 @@ def resolve_family() -> int:
     s = _socket.socket(_socket.AF_NETLINK, _socket.SOCK_RAW, NETLINK_GENERIC)
     with contextlib.closing(s):
         s.bind((0, 0))
-        s.settimeout(10.0)
+        ipvs_dump.give_up_after(s, 10)
         name = c._nla(CTRL_ATTR_FAMILY_NAME, b"IPVS\0")
         s.send(c.message(GENL_ID_CTRL, CTRL_CMD_GETFAMILY, c.NLM_F_REQUEST | c.NLM_F_ACK, 1, name))
         while True:
@@ -175,7 +175,7 @@ class IpvsClient:
             self.sock.setsockopt(_socket.SOL_SOCKET, _socket.SO_SNDBUF, RCVBUF)
         self.sock.setsockopt(SOL_NETLINK, NETLINK_CAP_ACK, 1)
         self.sock.bind((0, 0))
-        self.sock.settimeout(30.0)
+        ipvs_dump.give_up_after(self.sock, 30)
         self._seq = 0
         self._decoder = DumpDecoder()
         self._view = memoryview(bytearray(_DUMP_RECV))

@@ -65,8 +65,18 @@ _FAILED = -2  # the child failed: b holds an errno (or 0), the data the message
 def dump_socket() -> _socket.socket:
     sock = _socket.socket(_socket.AF_NETLINK, _socket.SOCK_RAW, NETLINK_GENERIC)
     sock.bind((0, 0))
-    sock.settimeout(30.0)
+    give_up_after(sock, 30)
     return sock
+
+
+def give_up_after(sock: _socket.socket, seconds: int) -> None:
+    """A blocking socket whose sends and receives fail (EAGAIN) after `seconds` without
+    progress: the kernel's SO_RCVTIMEO/SO_SNDTIMEO, not Python's settimeout(). That one makes
+    the socket non-blocking and polls before every send and receive: two system calls for one,
+    and a dump is three calls per virtual server (request, data, NLMSG_DONE)."""
+    timeval = struct.pack("@ll", seconds, 0)
+    sock.setsockopt(_socket.SOL_SOCKET, _socket.SO_RCVTIMEO, timeval)
+    sock.setsockopt(_socket.SOL_SOCKET, _socket.SO_SNDTIMEO, timeval)
 
 
 def read_dump(sock: _socket.socket, view: memoryview, seq: int) -> tuple[list[bytes], int | None]:
