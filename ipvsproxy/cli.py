@@ -7,6 +7,7 @@ emulation); anything else it does not know for sure goes through argparse as usu
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from collections.abc import Sequence
@@ -147,6 +148,23 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         setup_logging(args.verbosity, args.log_format)
     return _call(module, args)
+
+
+def entry() -> None:
+    """The process: main() with the command line, then exit with its code (the `ipvsproxy`
+    script and `python -m ipvsproxy`).
+
+    A listing exits at once, its output flushed (os._exit): interpreter finalization would
+    tear down every module and run a last full collection over what the listing left, ~0.1 s
+    of an `ls -n` of 20,000 real servers under emulation, for a process that holds nothing
+    else (its dump child is reaped, sockets close with it)."""
+    rc = main()
+    if sys.argv[1:2] == ["ls"]:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(OSError, ValueError):  # reader gone, stream closed
+                stream.flush()  # (rc says so already)
+        os._exit(rc)
+    sys.exit(rc)
 
 
 def _call(module: ModuleType, args: Any) -> int:

@@ -562,3 +562,25 @@ def test_the_installed_command_line(clean_ipvs: None) -> None:
     p = subprocess.run([sys.executable, "-m", "ipvsproxy", "ls", "-Ln"], capture_output=True,
                        check=False)
     assert (p.returncode, p.stdout, p.stderr) == ipvsadm("-Ln")
+
+
+def test_the_script_through_a_pipe(clean_ipvs: None) -> None:
+    """The `ipvsproxy` script (cli.entry exits a listing at once, os._exit): a listing larger
+    than a pipe's buffer arrives whole through a pipe, and a reader that goes away after the
+    first line ends it with 141 (128 + SIGPIPE) and nothing on stderr."""
+    vips = [f"10.97.{i // 256}.{i % 256}:80" for i in range(300)]
+    rules = "".join(f"-A -t {vip} -s rr\n"
+                    + "".join(f"-a -t {vip} -r 10.244.{i % 200}.{j}:8080 -m\n" for j in range(10))
+                    for i, vip in enumerate(vips))
+    subprocess.run(["ipvsadm", "-R"], input=rules.encode(), check=True)
+    script = Path(sys.executable).with_name("ipvsproxy")
+    p = subprocess.run([script, "ls", "-Ln"], capture_output=True, check=False)
+    assert len(p.stdout) > 128 << 10
+    assert (p.returncode, p.stdout, p.stderr) == ipvsadm("-Ln")
+    with subprocess.Popen([script, "ls", "-Ln"], stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE) as proc:
+        assert proc.stdout is not None and proc.stderr is not None
+        first = proc.stdout.readline()
+        proc.stdout.close()
+        assert (proc.wait(timeout=120), first, proc.stderr.read()) == (
+            141, p.stdout.splitlines(keepends=True)[0], b"")

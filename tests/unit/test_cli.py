@@ -46,6 +46,17 @@ def test_python_dash_m_runs_the_same_cli() -> None:
     assert "explain" in p.stdout
 
 
+def test_a_listing_exits_at_once_with_its_message_and_code() -> None:
+    """cli.entry ends `ls` with os._exit: what was written still arrives, the code is ls's
+    (ipvsadm's messages and codes for options it refuses, before any kernel access)."""
+    for argv, message in ((["ls", "-Ln", "--timeout", "--stats"],
+                           "options conflicts in the list command\n"),
+                          (["ls", "-Ln", "-f", "0"], "invalid fwmark value `0' specified\n")):
+        p = subprocess.run([sys.executable, "-m", "ipvsproxy", *argv], capture_output=True,
+                           text=True, check=False)
+        assert (p.returncode, p.stdout, p.stderr) == (2, "", message)
+
+
 def test_json_logs_when_not_a_terminal() -> None:
     code = (
         "import structlog; from ipvsproxy.logsetup import setup_logging; setup_logging(0);"

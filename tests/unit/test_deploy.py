@@ -482,7 +482,7 @@ def test_the_package_as_the_image_copies_it_installs_the_ipvsproxy_command(
     assert "ipvsproxy/cli.py" in names and "scheduler/__init__.py" in names
     (script,) = [n for n in names if n.endswith(".data/scripts/ipvsproxy")]
     text = zipfile.ZipFile(wheel).read(script).decode()
-    assert text.startswith("#!python") and "from ipvsproxy.cli import main" in text
+    assert text.startswith("#!python") and "from ipvsproxy.cli import entry" in text
 
 
 def _canonical(name: str) -> str:
