@@ -156,7 +156,8 @@ def main() -> int:
     ls = f"{script} ls -n" if script.exists() else f"{sys.executable} -m ipvsproxy ls -n"
     # Byte for byte the same text; also the first (cold) run of each.
     assert stdout_of(ls) == stdout_of("ipvsadm -Ln"), "ipvsproxy ls -n differs from ipvsadm -Ln"
-    ours, ref = best([lambda: sh(ls), lambda: sh("ipvsadm -Ln")], args.repeat)
+    # a second or so a run: five turns each at least, against the emulator's slow spells
+    ours, ref = best([lambda: sh(ls), lambda: sh("ipvsadm -Ln")], max(args.repeat, 5))
     row("ls -n (whole process)", ours, ref, "ipvsadm -Ln", 1.5)
     clear()
 
