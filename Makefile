@@ -3,7 +3,13 @@ SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
 VENV ?= .venv
 PY := $(VENV)/bin/python
-PYTHON ?= python3
+# The virtualenv's interpreter: the distribution's python3 where it is 3.11 or newer (Debian's,
+# built with PGO and LTO and linked statically, as the image's python:3.11 is built with PGO and
+# LTO), else the first python3 on PATH. A build without them (pyenv's default, first on PATH
+# here) runs ipvsproxy ~30% slower: `ls -n` of 2,000 x 10 in the lab took 1.49-1.53 s on
+# pyenv's 3.11.7 and 1.05-1.11 s on Debian's 3.11.2, same boot.
+PYTHON ?= $(shell /usr/bin/python3 -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
+	2>/dev/null && echo /usr/bin/python3 || echo python3)
 CMD ?= uname -r; modprobe ip_vs && ipvsadm -Ln
 
 .PHONY: setup host-packages venv kernel lint types unit test demo lab bench chaos capacity soak clean kind-e2e
@@ -13,11 +19,11 @@ setup: host-packages venv kernel
 host-packages:
 	@bash integration/vm/install-host-packages.sh
 
-# The virtualenv is rebuilt when pyproject.toml changes.
+# The virtualenv is rebuilt (from scratch) when pyproject.toml or this file changes.
 venv: $(VENV)/.installed
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml Makefile
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11) and "ipvsproxy needs Python 3.11+")'
-	$(PYTHON) -m venv $(VENV)
+	$(PYTHON) -m venv --clear $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check -e '.[dev]'
 	@touch $@
 
