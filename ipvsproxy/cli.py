@@ -152,14 +152,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def entry() -> None:
     """The process: main() with the command line, then exit with its code (the `ipvsproxy`
-    script and `python -m ipvsproxy`).
-
-    A listing exits at once, its output flushed (os._exit): interpreter finalization would
-    tear down every module and run a last full collection over what the listing left, ~0.1 s
-    of an `ls -n` of 20,000 real servers under emulation, for a process that holds nothing
-    else (its dump child is reaped, sockets close with it)."""
+    script and `python -m ipvsproxy`). A command module with EXIT_AT_ONCE (ls) leaves by
+    os._exit once stdout and stderr are flushed, without interpreter finalization."""
     rc = main()
-    if sys.argv[1:2] == ["ls"]:
+    command = _command(sys.argv[1:])
+    if command and getattr(sys.modules.get(SUBCOMMANDS[command][0]), "EXIT_AT_ONCE", False):
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(OSError, ValueError):  # reader gone, stream closed
                 stream.flush()  # (rc says so already)
