@@ -35,6 +35,9 @@ class Config:
     masquerade_bit: int = 14
     families: tuple[int, ...] = (4,)  # the IP families this node proxies (4, 6 or both)
     random_fully: bool = True  # MASQUERADE --random-fully (iptables >= 1.6.2)
+    # No externalIP or LoadBalancer IP inside these (with the cluster's ServiceCIDR objects)
+    service_cidrs: tuple[IPNetwork, ...] = ()
+    external_ip_cidrs: tuple[IPNetwork, ...] = ()  # () = any externalIP; else only inside these
     # daemon (`run`) only; kube-proxy's defaults, except min_sync_period (see add_daemon_flags)
     sync_period: float = 30.0
     min_sync_period: float = 1.0
@@ -107,6 +110,13 @@ def add_proxy_flags(parser: argparse.ArgumentParser) -> None:
     a("--ipvs-udp-timeout", metavar="DURATION", help="IPVS UDP timeout (0: leave)")
     a("--iptables-masquerade-bit", metavar="BIT", type=int, default=14,
       help="fwmark bit that marks packets to masquerade (0..31, default 14)")
+    a("--service-cluster-ip-range", metavar="CIDRS", default="",
+      help="comma list of the cluster's service CIDRs (the API server's flag of that name); "
+           "externalIPs and LoadBalancer IPs inside them are refused, as are those inside the "
+           "cluster's ServiceCIDR objects")
+    a("--external-ip-cidrs", metavar="CIDRS", default="",
+      help="comma list of CIDRs externalIPs must be inside (default: any), as the "
+           "DenyServiceExternalIPs admission plugin would, enforced on every node")
     a("--ip-families", metavar="LIST", default="auto",
       help="4, 6, 4,6 or auto (IPv6 too when the host has it and ip6tables is installed)")
 
@@ -174,6 +184,9 @@ def from_args(args: argparse.Namespace) -> Config:
         udp_timeout=_seconds(args.ipvs_udp_timeout, "--ipvs-udp-timeout"),
         masquerade_bit=args.iptables_masquerade_bit,
         families=_families(args.ip_families),
+        service_cidrs=_cidrs(args.service_cluster_ip_range,
+                             "--service-cluster-ip-range"),
+        external_ip_cidrs=_cidrs(args.external_ip_cidrs, "--external-ip-cidrs"),
         **_daemon_fields(args),
     )
 

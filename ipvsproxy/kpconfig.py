@@ -39,7 +39,9 @@ Decisions, and why:
   store_true flags (--masquerade-all, --ipvs-strict-arp). The text "false" would be truthy.
 
 ipvsproxy flags with no KubeProxyConfiguration field: --ip-families (kube-proxy detects the
-families), --ipvs-graceful-termination-period and --service-metrics (ipvsproxy's own).
+families), --ipvs-graceful-termination-period and --service-metrics (ipvsproxy's own), and
+--service-cluster-ip-range and --external-ip-cidrs (kube-proxy has neither: the service range is
+the API server's setting, and ipvsproxy also reads it from the cluster's ServiceCIDR objects).
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from ipaddress import IPv4Network, IPv6Network, ip_network
 from typing import Any
 
 from ipvsproxy.core.model import (
@@ -27,6 +28,9 @@ class Snapshot:
     slices: tuple[EndpointSlice, ...] = ()
     node: Node | None = None
     problems: tuple[Problem, ...] = ()
+    # The cluster's service ranges from its ServiceCIDR objects (networking.k8s.io/v1), beside
+    # --service-cluster-ip-range: no tenant address may be inside them (core/desired.py).
+    service_cidrs: tuple[IPv4Network | IPv6Network, ...] = ()
 
     def slices_by_service(self) -> dict[tuple[str, str], list[EndpointSlice]]:
         """(namespace, service name) -> its slices, sorted by name (kube-proxy's merge order)."""
@@ -78,6 +82,7 @@ def build_snapshot(docs: Iterable[Any], node_name: str) -> Snapshot:
         "Service": parse_service, "EndpointSlice": parse_endpoint_slice}
     node: Node | None = None
     problems: list[Problem] = []
+    cidrs: list[IPv4Network | IPv6Network] = []
     for obj in flatten(docs):
         kind = obj.get("kind")
         if kind in parsers:
@@ -98,5 +103,24 @@ def build_snapshot(docs: Iterable[Any], node_name: str) -> Snapshot:
                 n, probs = parse_node(obj)
                 problems.extend(probs)
                 node = n or node
+        elif kind == "ServiceCIDR":
+            cidrs.extend(service_cidrs(obj, problems))
     return Snapshot(tuple(parsed["Service"].values()), tuple(parsed["EndpointSlice"].values()),
-                    node, tuple(problems))
+                    node, tuple(problems), tuple(dict.fromkeys(cidrs)))
+
+
+def service_cidrs(obj: Mapping[str, Any], problems: list[Problem]
+                  ) -> list[IPv4Network | IPv6Network]:
+    """The ranges of one ServiceCIDR object (spec.cidrs); a bad one is a Problem."""
+    meta = obj.get("metadata")
+    name = meta.get("name") if isinstance(meta, Mapping) else None
+    spec = obj.get("spec")
+    out: list[IPv4Network | IPv6Network] = []
+    for raw in spec.get("cidrs", []) if isinstance(spec, Mapping) else []:
+        try:
+            out.append(ip_network(raw, strict=True) if isinstance(raw, str) else ip_network(""))
+        except ValueError:
+            problems.append(Problem("ServiceCIDR", "", name if isinstance(name, str) else
+                                    "<unnamed>", f"spec.cidrs entry {raw!r} is not a CIDR; "
+                                    "ignored"))
+    return out

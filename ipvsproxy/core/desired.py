@@ -6,12 +6,19 @@ timeouts. Semantics are kube-proxy's IPVS mode (shared/reference/kube-proxy-ipvs
 with the deliberate differences the README lists (per-service schedulers and weights, the drop
 of outside traffic to externalTrafficPolicy=Local services without local endpoints).
 `frontends()` is the one place that says which virtual servers a service port has.
+
+Who gets an address:port:protocol that several Services claim is decided by authority, never by
+names: a ClusterIP (allocated and made unique by the API server) beats any externalIP or
+LoadBalancer IP, and between claims of one rank the older Service (creationTimestamp, then UID)
+wins. Before that, `screened()` drops the tenant-written addresses that may not be claimed at
+all: those inside the cluster's service ranges or equal to one of the node's own addresses, and
+externalIPs outside --external-ip-cidrs when it is set. (README, "Deliberate differences".)
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network
 
 from ipvsproxy.config import Config
@@ -88,7 +95,7 @@ class Desired:
     problems: tuple[Problem, ...] = ()
     # What each Service contributed, for the daemon's incremental syncs (core/incremental.py)
     index: Mapping[tuple[str, str], ServiceIndex] = field(default_factory=dict)
-    contested: frozenset[ServiceKey] = frozenset()  # claimed by two services: first one won
+    contested: frozenset[ServiceKey] = frozenset()  # claimed by two services (one won)
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,19 +171,19 @@ def node_ips(host: HostFacts, cfg: Config, primary: Sequence[IPAddress],
 
 
 def frontends(svc: Service, sp: ServicePort, family: int, nodeips: Sequence[IPAddress],
-              local_addrs: frozenset[IPAddress]) -> Iterator[Frontend]:
-    """Every virtual server of one service port, in kube-proxy's order."""
+              ) -> Iterator[Frontend]:
+    """Every virtual server of one service port, in kube-proxy's order. Every address but a
+    NodePort's is bound to kube-ipvs0: `screened` took out the node's own addresses (which
+    kube-proxy programs without binding them)."""
     for cip in svc.cluster_ips:
         if cip.version == family:
             yield Frontend("cluster-ip", cip, sp.port, True, svc.internal_local)
     for eip in svc.external_ips:
         if eip.version == family:
-            yield Frontend("external-ip", eip, sp.port, eip not in local_addrs,
-                           svc.external_local)
+            yield Frontend("external-ip", eip, sp.port, True, svc.external_local)
     for lb in svc.lb_ingress_ips:
         if lb.version == family:
-            yield Frontend("load-balancer", lb, sp.port, lb not in local_addrs,
-                           svc.external_local)
+            yield Frontend("load-balancer", lb, sp.port, True, svc.external_local)
     if sp.node_port:
         for nip in nodeips:
             yield Frontend("node-port", nip, sp.node_port, False, svc.external_local)
@@ -186,13 +193,11 @@ class _Builder:
     """Accumulates one family's desired state while the services are walked."""
 
     def __init__(self, family: int, cfg: Config, host: HostFacts, primary: list[IPAddress],
-                 zone: str) -> None:
+                 zone: str, cluster_keys: Mapping[tuple[str, IPAddress, int], str]) -> None:
         self.family = family
         self.cfg = cfg
         self.zone = zone
         self.primary = primary[0] if primary else None
-        self.local_addrs = frozenset(a for i, a in host.addresses
-                                     if a.version == family and i != KUBE_IPVS0)
         self.nodeips = node_ips(host, cfg, primary, family)
         self.sets: dict[str, set[str]] = {d.name: set() for d in (*T.IPSETS, *T.OWN_IPSETS)}
         self.services: dict[ServiceKey, VirtualServer] = {}
@@ -203,6 +208,9 @@ class _Builder:
         self.problems: list[Problem] = []
         self.claims: dict[ServiceKey, str] = {}  # key -> "ns/name" of the service that won it
         self.contested: set[ServiceKey] = set()
+        # (protocol, ClusterIP, port) -> "ns/name:port" of the oldest Service holding it: no
+        # externalIP or LoadBalancer IP of another Service may take one, whatever the order
+        self.cluster_keys = cluster_keys
         self.acc = _IndexAcc()
 
     def _add(self, name: str, entry: str) -> None:
@@ -230,8 +238,16 @@ class _Builder:
         owner = f"{svc.namespace}/{svc.name}:{sp.name}" if sp.name else svc.key
         last_eps: tuple[Ep, ...] | None = None
         last_rs: tuple[RealServer, ...] = ()
-        for fe in frontends(svc, sp, self.family, self.nodeips, self.local_addrs):
+        for fe in frontends(svc, sp, self.family, self.nodeips):
             key = ServiceKey.inet(PROTO[sp.protocol.value], fe.addr, fe.port)
+            if fe.kind in ("external-ip", "load-balancer") and (held := self.cluster_keys.get(
+                    (sp.protocol.value, fe.addr, fe.port))) is not None \
+                    and not held.startswith(svc.key + ":") and held != svc.key:
+                self.contested.add(key)
+                self.problems.append(Problem(
+                    "Service", svc.namespace, svc.name,
+                    f"{fe.kind} {key} is the ClusterIP of {held}; ignored"))
+                continue
             if key in self.services:
                 if self.claims[key] != svc.key:
                     self.contested.add(key)
@@ -309,6 +325,47 @@ def sysctls(cfg: Config, host: HostFacts) -> tuple[tuple[str, str], ...]:
     return tuple(out)
 
 
+def age(svc: Service) -> tuple[str, str, str, str]:
+    """The order claims of one rank are settled in: oldest first (a Service without a
+    creationTimestamp counts as the youngest), then UID, then the name for a total order."""
+    return (svc.created or "\uffff", svc.uid, svc.namespace, svc.name)
+
+
+def screened(svc: Service, own: Mapping[IPAddress, str], ranges: Sequence[IPNetwork],
+             allowed: Sequence[IPNetwork]) -> tuple[Service, list[Problem]]:
+    """`svc` without the externalIPs and LoadBalancer IPs a tenant may not claim: inside a
+    service range (a ClusterIP's, whoever holds it: CVE-2020-8554), one of this node's own
+    addresses (`own`: address -> where it is), or, for externalIPs, outside `allowed` when
+    that is given. Each refusal is a Problem naming the Service."""
+    if not svc.external_ips and not svc.lb_ingress_ips:
+        return svc, []
+    problems: list[Problem] = []
+
+    def keep(what: str, addrs: tuple[IPAddress, ...], allow: Sequence[IPNetwork]
+             ) -> tuple[IPAddress, ...]:
+        out = []
+        for a in addrs:
+            why = ""
+            if (r := next((r for r in ranges if a in r), None)) is not None:
+                why = f"inside the service range {r}"
+            elif a in own:
+                why = f"an address of this node ({own[a]})"
+            elif allow and not any(a in n for n in allow):
+                why = "outside --external-ip-cidrs"
+            if why:
+                problems.append(Problem("Service", svc.namespace, svc.name,
+                                        f"{what} {a} is {why}; ignored"))
+            else:
+                out.append(a)
+        return addrs if len(out) == len(addrs) else tuple(out)
+
+    ext = keep("externalIP", svc.external_ips, allowed)
+    lb = keep("loadBalancer ingress IP", svc.lb_ingress_ips, ())
+    if not problems:
+        return svc, []
+    return replace(svc, external_ips=ext, lb_ingress_ips=lb), problems
+
+
 def _real_servers(eps: Sequence[Ep]) -> tuple[RealServer, ...]:
     # sorted by (address, port) as DestKey orders them; int() keys, as ipaddress's __lt__ is
     # slow (within one virtual server every address is of one family)
@@ -335,10 +392,25 @@ def _compute_desired(snap: Snapshot, host: HostFacts, cfg: Config) -> Desired:
     problems = list(snap.problems)
     accs: dict[tuple[str, str], _IndexAcc] = {}
     contested: set[ServiceKey] = set()
+    own = {a: i for i, a in host.addresses if i != KUBE_IPVS0}
+    own.update((a, "its Node") for a in (node.addresses if node else ()) if a not in own)
+    ranges = tuple(dict.fromkeys((*cfg.service_cidrs, *snap.service_cidrs)))
+    ordered = []
+    for svc in sorted(snap.services, key=age):
+        svc, refused = screened(svc, own, ranges, cfg.external_ip_cidrs)
+        problems.extend(refused)
+        ordered.append(svc)
     for family in cfg.families:
         primary = [a for a in (node.addresses if node else ()) if a.version == family]
-        b = _Builder(family, cfg, host, primary, zone)
-        for svc in sorted(snap.services, key=lambda s: (s.namespace, s.name)):
+        cluster_keys: dict[tuple[str, IPAddress, int], str] = {}
+        for svc in ordered:
+            for cip in svc.cluster_ips:
+                if cip.version == family:
+                    for sp in svc.ports:
+                        cluster_keys.setdefault((sp.protocol.value, cip, sp.port),
+                                                f"{svc.key}:{sp.name}" if sp.name else svc.key)
+        b = _Builder(family, cfg, host, primary, zone, cluster_keys)
+        for svc in ordered:
             b.acc = accs.setdefault((svc.namespace, svc.name), _IndexAcc())
             if not any(c.version == family for c in svc.cluster_ips):
                 continue

@@ -17,6 +17,14 @@ from sys import intern as _intern
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
+from ipvsproxy.core.validate import (
+    is_dns1035_label,
+    is_dns_label,
+    is_dns_subdomain,
+    printable,
+    special_address,
+)
+
 IPAddress = IPv4Address | IPv6Address
 IPNetwork = IPv4Network | IPv6Network
 
@@ -51,8 +59,9 @@ class Problem:
     reason: str
 
     def __str__(self) -> str:
+        # escaped: names come from files too, and a newline would forge a log line
         where = f"{self.namespace}/{self.name}" if self.namespace else self.name
-        return f"{self.kind} {where}: {self.reason}"
+        return printable(f"{self.kind} {where}: {self.reason}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +89,10 @@ class Service:
     scheduler: str = ""  # ipvsproxy.io/scheduler ("" = the configured default)
     sched_flags: int = 0  # ipvsproxy.io/scheduler-flags as IPVS flag bits
     annotations_problem: str = ""
+    # Who wins an address:port claimed twice (core/desired.py): the older Service. RFC 3339 UTC
+    # as the API server writes it, so text order is time order; "" (no timestamp) is youngest.
+    created: str = ""
+    uid: str = ""
 
     @property
     def key(self) -> str:
@@ -196,6 +209,12 @@ def _parse_ip(text: str) -> IPAddress:
     return ip_address(text)
 
 
+def _special(a: IPAddress) -> str:
+    """Why an external or load-balancer address is refused (ValidateNonSpecialIP), or ""."""
+    why = special_address(a)
+    return f"{why}, which the API server refuses for a Service address" if why else ""
+
+
 def _list(v: Any) -> list[Any]:
     return v if isinstance(v, list) else []
 
@@ -241,6 +260,9 @@ def parse_service(obj: Mapping[str, Any]) -> tuple[Service | None, list[Problem]
 
     if not name or not ns:
         return None, [bad("metadata.name and metadata.namespace are required")]
+    if not is_dns1035_label(name) or not is_dns_label(ns):
+        return None, [bad("metadata.name must be a DNS-1035 label and metadata.namespace a "
+                          "DNS-1123 label, as the API server requires; ignored")]
     labels = _str_map(meta.get("labels"))
     if LABEL_PROXY_NAME in labels or LABEL_HEADLESS in labels:
         return None, []  # not ours (kube-proxy's informer label selector drops these)
@@ -279,7 +301,8 @@ def parse_service(obj: Mapping[str, Any]) -> tuple[Service | None, list[Problem]
         np_raw = p.get("nodePort", 0)
         node_port = 0 if np_raw in (0, None) else _port(np_raw)
         # isinstance first: a list or an object as protocol is not even hashable
-        if pname is None or not isinstance(proto_raw, str) \
+        if pname is None or (pname and not is_dns_label(pname)) \
+                or not isinstance(proto_raw, str) \
                 or proto_raw not in Proto.__members__ or port is None \
                 or node_port is None:
             problems.append(bad(f"spec.ports[{i}] is invalid (name {p.get('name')!r}, protocol "
@@ -296,11 +319,12 @@ def parse_service(obj: Mapping[str, Any]) -> tuple[Service | None, list[Problem]
     ext: list[IPAddress] = []
     for raw in _list(spec.get("externalIPs")):
         a = _ip(raw)
-        if a is None:
-            if (text := f"externalIP {raw!r} is not a valid IP address; ignored") not in said:
+        why = "not a valid IP address" if a is None else _special(a)
+        if why:
+            if (text := f"externalIP {raw!r} is {why}; ignored") not in said:
                 said.add(text)
                 problems.append(bad(text))
-        elif a not in ext:
+        elif a is not None and a not in ext:
             ext.append(a)
     lb: list[IPAddress] = []
     ranges: list[IPNetwork] = []
@@ -315,9 +339,13 @@ def parse_service(obj: Mapping[str, Any]) -> tuple[Service | None, list[Problem]
             if ing.get("ipMode") == "Proxy":
                 continue
             a = _ip(ing.get("ip"))
-            if a is None:
-                problems.append(bad(f"loadBalancer ingress IP {ing.get('ip')!r} is invalid"))
-            elif a not in lb:
+            why = "not a valid IP address" if a is None else _special(a)
+            if why:
+                if (text := f"loadBalancer ingress IP {ing.get('ip')!r} is {why}; "
+                            "ignored") not in said:
+                    said.add(text)
+                    problems.append(bad(text))
+            elif a is not None and a not in lb:
                 lb.append(a)
         for raw in _list(spec.get("loadBalancerSourceRanges")):
             try:
@@ -343,9 +371,11 @@ def parse_service(obj: Mapping[str, Any]) -> tuple[Service | None, list[Problem]
         timeout = t
     sched, flags, ann_problems = _annotations(_str_map(meta.get("annotations")))
     problems.extend(bad(p) for p in ann_problems)
+    created, uid = meta.get("creationTimestamp"), meta.get("uid")
     svc = Service(ns, name, stype, tuple(cluster_ips), tuple(ports), tuple(ext), tuple(lb),
                   tuple(ranges), ext_local,
-                  int_local, timeout, hc if ext_local else 0, sched, flags)
+                  int_local, timeout, hc if ext_local else 0, sched, flags, "",
+                  created if isinstance(created, str) else "", uid if isinstance(uid, str) else "")
     return svc, problems
 
 
@@ -379,6 +409,10 @@ def parse_endpoint_slice(obj: Mapping[str, Any], prev: EndpointSlice | None = No
 
     if not name or not ns:
         return None, [bad("metadata.name and metadata.namespace are required")]
+    if (prev is None or name != prev.name or ns != prev.namespace) \
+            and (not is_dns_subdomain(name) or not is_dns_label(ns)):
+        return None, [bad("metadata.name must be a DNS-1123 subdomain and metadata.namespace "
+                          "a DNS-1123 label, as the API server requires; ignored")]
     labels = _map_or_none(meta.get("labels")) or _NO_MAP
     if isinstance(labels.get(LABEL_PROXY_NAME), str) or isinstance(labels.get(LABEL_HEADLESS), str):
         return None, []
@@ -403,10 +437,11 @@ def parse_endpoint_slice(obj: Mapping[str, Any], prev: EndpointSlice | None = No
         proto_raw = p.get("protocol", "TCP")
         proto = _PROTOS.get(proto_raw) if isinstance(proto_raw, str) else None
         port = _port(p.get("port"))
-        if not isinstance(pname, str) or proto is None or port is None:
+        if not isinstance(pname, str) or (pname and not is_dns_label(pname)) or proto is None \
+                or port is None:
             if p.get("port") is not None:  # kube-proxy ignores nil ports silently
-                problems.append(bad(f"ports[{i}] is invalid (port {p.get('port')!r}, protocol "
-                                    f"{proto_raw!r}); ignored"))
+                problems.append(bad(f"ports[{i}] is invalid (name {pname!r}, port "
+                                    f"{p.get('port')!r}, protocol {proto_raw!r}); ignored"))
             continue
         k = len(ports)
         if k < len(old_ports) and (o := old_ports[k]).port == port and o.name == pname \
@@ -438,6 +473,10 @@ def parse_endpoint_slice(obj: Mapping[str, Any], prev: EndpointSlice | None = No
             if parsed is None or parsed.__class__ is not addr_type:
                 problems.append(bad(f"endpoints[{i}] address {_list(addrs)[:1]!r} is not a "
                                     f"valid IPv{family} address; ignored"))
+                continue
+            if why := special_address(parsed):  # ValidateEndpointIP
+                problems.append(bad(f"endpoints[{i}] address {text!r} is {why}, which the API "
+                                    "server refuses for an endpoint; ignored"))
                 continue
             a = parsed
         cond = e.get("conditions")

@@ -207,3 +207,57 @@ def test_hostile_objects_never_raise_and_never_touch_valid_ones(
 def test_a_hostile_own_node_never_raises(obj: dict[str, Any]) -> None:
     obj.setdefault("metadata", {})["name"] = NODE  # the proxy's own Node, garbled
     desired([o for o in valid_cluster() if o["kind"] != "Node"] + [obj])
+
+
+# --------------------------------------------------------------------- cross-tenant (issue 23)
+
+ns_names = st.from_regex(r"[a-z][a-z0-9]{0,5}", fullmatch=True)
+stamps = st.one_of(st.none(), st.sampled_from(
+    ["2020-01-01T00:00:00Z", "2024-05-01T12:00:00Z", "2026-11-25T00:00:00Z"]))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(ns_names, min_size=2, max_size=4, unique=True), st.data(),
+       st.randoms(use_true_random=False))
+def test_no_tenant_takes_another_tenants_cluster_ip(namespaces: list[str], data: st.DataObject,
+                                                     rnd: Any) -> None:
+    """Victims in some namespaces, attackers in others claiming the victims' ClusterIP:port
+    (as externalIP, LoadBalancer ingress IP, ipMode VIP or not, with any protocol and port),
+    any names, any creation times, in any order: every victim keeps its ClusterIP and its
+    endpoints, and every refused claim is reported on the attacker."""
+    victims: list[tuple[str, str, int, str]] = []  # (ns, ip, port, proto)
+    docs: list[dict[str, Any]] = [node()]
+    for i, ns in enumerate(namespaces[: len(namespaces) // 2 or 1]):
+        ip, p, proto = f"10.96.7.{i + 1}", data.draw(st.integers(1, 65535)), \
+            data.draw(st.sampled_from(["TCP", "UDP", "SCTP"]))
+        svc = service("victim", ip, port(p, "v", proto), ns=ns)
+        if (t := data.draw(stamps)) is not None:
+            svc["metadata"]["creationTimestamp"] = t
+        docs += [svc, slice_("victim", ep(f"10.244.7.{i + 1}", NODE), port=p, port_name="v",
+                             proto=proto, ns=ns)]
+        victims.append((ns, ip, p, proto))
+    attackers = namespaces[len(namespaces) // 2 or 1:] or ["zz"]
+    for j, ns in enumerate(attackers):
+        targets = data.draw(st.lists(st.sampled_from(victims), min_size=1, max_size=3))
+        ports = [port(p, f"a{k}", proto) for k, (_, _, p, proto) in enumerate(targets)]
+        ports = list({(q["port"], q["protocol"]): q for q in ports}.values())
+        how = data.draw(st.sampled_from(["externalIPs", "ingress", "both"]))
+        ips = [t[1] for t in targets]
+        svc = service(data.draw(st.sampled_from(["a", "victim", "aaa"])), f"10.96.8.{j + 1}",
+                      *ports, ns=ns, type_="LoadBalancer",
+                      externalIPs=ips if how != "ingress" else [],
+                      ingress=[{"ip": ip, "ipMode": data.draw(st.sampled_from(["VIP", None]))}
+                               for ip in ips] if how != "externalIPs" else None)
+        if (t := data.draw(stamps)) is not None:
+            svc["metadata"]["creationTimestamp"] = t
+        docs += [svc, slice_(svc["metadata"]["name"], ep(f"10.244.8.{j + 1}", NODE),
+                             ports=[{"name": q["name"], "port": q["port"],
+                                     "protocol": q["protocol"]} for q in ports], ns=ns)]
+    rnd.shuffle(docs)
+    d = desired(docs)
+    for i, (ns, ip, p, proto) in enumerate(victims):
+        key = next(k for k in d.services if str(k) == f"{proto} {ip}:{p}")
+        assert d.owners[key] == f"{ns}/victim:v"
+        assert [str(rs.key) for rs in d.dests[key]] == [f"10.244.7.{i + 1}:{p}"]
+    for prob in d.problems:
+        assert prob.namespace in attackers, prob
