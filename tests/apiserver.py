@@ -42,15 +42,19 @@ Key = tuple[str, str]  # (namespace, name)
 # kind -> (apiVersion, collection path)
 KINDS = {"Service": ("v1", "/api/v1/services"),
          "EndpointSlice": ("discovery.k8s.io/v1", "/apis/discovery.k8s.io/v1/endpointslices"),
-         "Node": ("v1", "/api/v1/nodes")}
+         "Node": ("v1", "/api/v1/nodes"),
+         "ServiceCIDR": ("networking.k8s.io/v1", "/apis/networking.k8s.io/v1/servicecidrs")}
 PATHS = {path: kind for kind, (_, path) in KINDS.items()}
 DISCOVERY: dict[str, Obj] = {
-    "/version": {"major": "1", "minor": "31", "gitVersion": "v1.31.0", "platform": "linux/amd64"},
+    "/version": {"major": "1", "minor": "33", "gitVersion": "v1.33.0", "platform": "linux/amd64"},
     "/api": {"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": []},
     "/apis": {"kind": "APIGroupList", "apiVersion": "v1", "groups": [{
         "name": "discovery.k8s.io", "versions": [{"groupVersion": "discovery.k8s.io/v1",
                                                   "version": "v1"}],
-        "preferredVersion": {"groupVersion": "discovery.k8s.io/v1", "version": "v1"}}]}}
+        "preferredVersion": {"groupVersion": "discovery.k8s.io/v1", "version": "v1"}}, {
+        "name": "networking.k8s.io", "versions": [{"groupVersion": "networking.k8s.io/v1",
+                                                   "version": "v1"}],
+        "preferredVersion": {"groupVersion": "networking.k8s.io/v1", "version": "v1"}}]}}
 
 
 class HttpError(Exception):
@@ -115,7 +119,8 @@ Rule = tuple[str, str, str]
 # the own Node (kube/reflector.py), and nothing else.
 PROXY_RULES: frozenset[Rule] = frozenset(
     (group, resource, verb) for group, resource in (
-        ("", "services"), ("discovery.k8s.io", "endpointslices"), ("", "nodes"))
+        ("", "services"), ("discovery.k8s.io", "endpointslices"), ("", "nodes"),
+        ("networking.k8s.io", "servicecidrs"))
     for verb in ("list", "watch"))
 # deploy/rbac.yaml's ServiceAccount, as the API server names it in a 403
 PROXY_USER = "system:serviceaccount:kube-system:ipvsproxy"

@@ -20,7 +20,7 @@ from typing import Any
 
 import structlog
 
-from ipvsproxy.core.cluster import Snapshot
+from ipvsproxy.core.cluster import Snapshot, service_cidrs
 from ipvsproxy.core.model import (
     EndpointSlice,
     Node,
@@ -32,7 +32,10 @@ from ipvsproxy.core.model import (
 )
 
 ServiceId = tuple[str, str]  # (namespace, name)
-KINDS = ("Service", "EndpointSlice", "Node")
+KINDS = ("Service", "EndpointSlice", "Node")  # each listed once before the first sync
+# Watched too, but not waited for: clusters before 1.33 have no ServiceCIDR API (and
+# --service-cluster-ip-range covers them)
+SERVICE_CIDR = "ServiceCIDR"
 log = structlog.get_logger("ipvsproxy.store")
 
 
@@ -71,6 +74,7 @@ class Store:
         self.slices: dict[tuple[str, str], EndpointSlice] = {}  # (namespace, slice name)
         self._slices_of: dict[ServiceId, set[tuple[str, str]]] = {}
         self.node: Node | None = None
+        self.cidrs: dict[str, tuple[Any, ...]] = {}  # ServiceCIDR name -> its ranges
         self.listed: set[str] = set()
         self.problems: dict[tuple[str, str, str], tuple[Problem, ...]] = {}
         self._pending = _Pending()
@@ -101,6 +105,11 @@ class Store:
                     seen.add(("", self.node_name))
                     self._set_node(mine[0])
                 return
+            if kind == SERVICE_CIDR:
+                for obj in items:
+                    seen.add(_key(obj))
+                    self._set_cidrs(_key(obj)[1], obj)
+                return
             for obj in items:
                 seen.add(_key(obj))
                 self._upsert(kind, obj)
@@ -112,6 +121,9 @@ class Store:
             if kind == "Node":
                 if ("", self.node_name) not in seen:
                     self._set_node(None)
+            elif kind == SERVICE_CIDR:
+                for name in set(self.cidrs) - {n for _, n in seen}:
+                    self._set_cidrs(name, None)
             else:
                 held = set(self.services if kind == "Service" else self.slices)
                 for key in held - seen:
@@ -124,6 +136,8 @@ class Store:
             if kind == "Node":
                 if _name(obj) == self.node_name:
                     self._set_node(None if type_ == "DELETED" else obj)
+            elif kind == SERVICE_CIDR:
+                self._set_cidrs(_key(obj)[1], None if type_ == "DELETED" else obj)
             elif type_ == "DELETED":
                 self._delete(kind, _key(obj))
             else:
@@ -176,12 +190,13 @@ class Store:
         """The objects for compute_desired: all of them, or the named services and their
         slices (an incremental sync)."""
         with self._cond:
+            cidrs = tuple(dict.fromkeys(c for r in self.cidrs.values() for c in r))
             if ids is None:
                 return Snapshot(tuple(self.services.values()), tuple(self.slices.values()),
-                                self.node)
+                                self.node, service_cidrs=cidrs)
             svcs = tuple(self.services[i] for i in ids if i in self.services)
             slices = tuple(self.slices[k] for i in ids for k in self._slices_of.get(i, ()))
-            return Snapshot(svcs, slices, self.node)
+            return Snapshot(svcs, slices, self.node, service_cidrs=cidrs)
 
     def health_check_ports(self) -> dict[ServiceId, tuple[int, int]]:
         """LoadBalancer services with externalTrafficPolicy Local: their health-check node port
@@ -311,6 +326,20 @@ class Store:
         if node != self.node:
             # zone and addresses feed every service (topology, NodePort addresses)
             self.node = node
+            self._pending.full = True
+            self._queued()
+
+
+    def _set_cidrs(self, name: str, obj: Mapping[str, Any] | None) -> None:
+        probs: list[Problem] = []
+        ranges = tuple(service_cidrs(obj, probs)) if obj is not None else ()
+        self._report(SERVICE_CIDR, ("", name), probs)
+        if ranges != self.cidrs.get(name, ()):
+            # the ranges decide which addresses every Service may claim
+            if ranges:
+                self.cidrs[name] = ranges
+            else:
+                self.cidrs.pop(name, None)
             self._pending.full = True
             self._queued()
 

@@ -1,4 +1,5 @@
-"""One list of Services, EndpointSlices and the own Node from an API server, as raw JSON dicts.
+"""One list of Services, EndpointSlices, the own Node and the ServiceCIDRs (where the cluster has
+them) from an API server, as raw JSON dicts.
 
 Raw JSON (`_preload_content=False`), not the client's model objects: those cost ~22 KB and
 ~200 us per EndpointSlice (shared/reference/libraries.md §4). Paginated with `limit`/`continue`
@@ -60,5 +61,10 @@ def list_objects(api_client: Any, node_name: str) -> list[dict[str, Any]]:
         objs.append(node)
     except ApiException as exc:
         if exc.status != 404:
+            raise
+    try:
+        objs += _pages(rest.Get(api_client, rest.SERVICE_CIDRS), "ServiceCIDR")
+    except ApiException as exc:
+        if exc.status != 404:  # a cluster before 1.33 has no ServiceCIDR API
             raise
     return objs

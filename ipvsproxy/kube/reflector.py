@@ -97,8 +97,9 @@ class Reflector:
                  socket_timeout: float = 60, connect_timeout: float = 10,
                  backoff_initial: float = 0.8, backoff_max: float = 30, jitter: float = 1.0,
                  rng: random.Random | None = None,
-                 wait: Callable[[float], bool] | None = None) -> None:
+                 wait: Callable[[float], bool] | None = None, optional: bool = False) -> None:
         self.kind = kind
+        self.optional = optional  # a 404 on the first list: the API is absent; stop quietly
         self._list_fn = list_fn
         self._sink = sink
         self._stop = stop
@@ -149,6 +150,9 @@ class Reflector:
                 break
             except Exception as exc:
                 if self._stop.is_set():
+                    break
+                if self.optional and listing and getattr(exc, "status", None) == 404:
+                    log.info("not served by this API server; not watched", kind=self.kind)
                     break
                 # client-go waits out its backoff between ListAndWatch attempts, after a 410
                 # too: a server that keeps failing is not hammered.
@@ -328,9 +332,10 @@ def _describe(exc: BaseException) -> str:
 
 def start_reflectors(api_client: Any, node_name: str, sink: Sink, stop: threading.Event,
                      **options: Any) -> list[threading.Thread]:
-    """Start the Service, EndpointSlice and Node reflectors on daemon threads; returns them.
+    """Start the Service, EndpointSlice, Node and ServiceCIDR reflectors on daemon threads;
+    returns them.
 
-    Setting `stop` ends them within about a second: a fourth daemon thread waits for it and
+    Setting `stop` ends them within about a second: one more daemon thread waits for it and
     interrupts the blocked reads. `options` go to every `Reflector` (tests shorten timeouts).
     """
     reflectors = [
@@ -341,6 +346,9 @@ def start_reflectors(api_client: Any, node_name: str, sink: Sink, stop: threadin
                   label_selector=LABEL_SELECTOR, **options),
         Reflector("Node", rest.Get(api_client, rest.NODES), sink, stop,
                   field_selector=f"metadata.name={node_name}", **options),
+        # the service ranges no tenant address may be in (core/desired.py screened)
+        Reflector("ServiceCIDR", rest.Get(api_client, rest.SERVICE_CIDRS), sink, stop,
+                  optional=True, **options),
     ]
     threads = [threading.Thread(target=r.run, name=f"reflector-{r.kind}", daemon=True)
                for r in reflectors]

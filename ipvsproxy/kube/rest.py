@@ -16,6 +16,7 @@ SERVICES = "/api/v1/services"
 ENDPOINT_SLICES = "/apis/discovery.k8s.io/v1/endpointslices"
 NODES = "/api/v1/nodes"
 NODE = "/api/v1/nodes/{name}"
+SERVICE_CIDRS = "/apis/networking.k8s.io/v1/servicecidrs"
 
 # The generated methods' keywords and their query names, in the order the generated code
 # appends them (so the URL is the same, byte for byte).

@@ -240,3 +240,29 @@ def test_established_connection_to_removed_endpoint_survives(node: Path) -> None
         client.kill()
         client.wait()
     time.sleep(0.5)
+
+
+def test_a_tenant_cannot_take_another_tenants_cluster_ip(node: Path) -> None:
+    """Issue 23: t1/attacker (older, and its namespace sorts first) lists t2/victim's ClusterIP
+    as an externalIP and as its LoadBalancer IP. The victim's ClusterIP still reaches the
+    victim's pod only, and the attacker still gets its own ClusterIP."""
+    def ns(obj: dict[str, Any], namespace: str, created: str) -> dict[str, Any]:
+        obj["metadata"].update(namespace=namespace, creationTimestamp=created)
+        return obj
+
+    http80 = [{"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP"}]
+    attack = [
+        ns(service("victim", "10.96.3.60", http80), "t2", "2025-01-01T00:00:00Z"),
+        ns(slice_("victim-1", "victim", ["pod1"], HTTP), "t2", "2025-01-01T00:00:00Z"),
+        ns(service("attacker", "10.96.3.61", http80, "LoadBalancer", lb="10.96.3.60",
+                   externalIPs=["10.96.3.60"]), "t1", "2020-01-01T00:00:00Z"),
+        ns(slice_("attacker-1", "attacker", ["pod3"], HTTP), "t1", "2020-01-01T00:00:00Z"),
+    ]
+    try:
+        sync(node, cluster() + attack)
+        assert pods_hit("http://10.96.3.60", 6, ns="pod2") == {"pod1": 6}
+        assert pods_hit("http://10.96.3.60", 3) == {"pod1": 3}  # from the node too
+        assert pods_hit("http://10.96.3.61", 3, ns="pod2") == {"pod3": 3}
+        assert "10.244.1.13" not in sh("ipvsadm -Ln -t 10.96.3.60:80")
+    finally:
+        sync(node, cluster())

@@ -447,13 +447,15 @@ def test_rules_of_a_cluster_role() -> None:
             rules_of({"rules": [narrowed]})
 
 
-def test_proxy_rules_allow_listing_and_watching_the_three_kinds(
+def test_proxy_rules_allow_listing_and_watching_the_four_kinds(
         api: ApiServer, proxy_api: ApiClient) -> None:
     rules = set(PROXY_RULES)
     assert rules == {("", "services", "list"), ("", "services", "watch"),
                      ("discovery.k8s.io", "endpointslices", "list"),
                      ("discovery.k8s.io", "endpointslices", "watch"),
-                     ("", "nodes", "list"), ("", "nodes", "watch")}
+                     ("", "nodes", "list"), ("", "nodes", "watch"),
+                     ("networking.k8s.io", "servicecidrs", "list"),
+                     ("networking.k8s.io", "servicecidrs", "watch")}
     core, disc = CoreV1Api(proxy_api), DiscoveryV1Api(proxy_api)
     assert names(list_services(core, label_selector=PROXY_SELECTOR)) == ["a"]
     assert names(body(disc.list_endpoint_slice_for_all_namespaces(

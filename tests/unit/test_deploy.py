@@ -296,7 +296,9 @@ def test_the_rbac_grants_exactly_the_verbs_the_code_uses(rendered: list[Doc]) ->
     assert seen == {("", "services", "list"), ("", "services", "watch"),
                     ("discovery.k8s.io", "endpointslices", "list"),
                     ("discovery.k8s.io", "endpointslices", "watch"),
-                    ("", "nodes", "get"), ("", "nodes", "list"), ("", "nodes", "watch")}
+                    ("", "nodes", "get"), ("", "nodes", "list"), ("", "nodes", "watch"),
+                    ("networking.k8s.io", "servicecidrs", "list"),
+                    ("networking.k8s.io", "servicecidrs", "watch")}
 
 
 def test_the_rbac_binds_the_daemonsets_service_account(rendered: list[Doc]) -> None:

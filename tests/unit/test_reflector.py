@@ -412,7 +412,7 @@ def test_stop_during_the_request_closes_the_response() -> None:
     assert watch.closed and not watch.reading.is_set()
 
 
-def test_start_reflectors_watches_three_kinds_and_stops_them(
+def test_start_reflectors_watches_four_kinds_and_stops_them(
         monkeypatch: pytest.MonkeyPatch) -> None:
     stop = threading.Event()
     watches: list[WatchResp] = []
@@ -430,19 +430,20 @@ def test_start_reflectors_watches_three_kinds_and_stops_them(
         return list_fn
 
     names = {rest.SERVICES: "services", rest.ENDPOINT_SLICES: "endpointslices",
-             rest.NODES: "nodes"}
+             rest.NODES: "nodes", rest.SERVICE_CIDRS: "servicecidrs"}
     monkeypatch.setattr(rest, "Get", lambda api, path: fn(names[path]))
     sink = Sink()
     threads = start_reflectors(object(), "node-a", sink, stop)
-    assert len(threads) == 3 and all(t.daemon for t in threads)
+    assert len(threads) == 4 and all(t.daemon for t in threads)
     deadline = time.monotonic() + 2
-    while len(watches) < 3 or not all(w.reading.is_set() for w in watches):
+    while len(watches) < 4 or not all(w.reading.is_set() for w in watches):
         assert time.monotonic() < deadline
         time.sleep(0.01)
-    assert sorted(k for k, _ in sink.replaced) == ["EndpointSlice", "Node", "Service"]
+    assert sorted(k for k, _ in sink.replaced) == ["EndpointSlice", "Node", "Service",
+                                                   "ServiceCIDR"]
     sel = {name: (kw.get("label_selector"), kw.get("field_selector")) for name, kw in calls}
     assert sel == {"services": (LABEL_SELECTOR, None), "endpointslices": (LABEL_SELECTOR, None),
-                   "nodes": (None, "metadata.name=node-a")}
+                   "nodes": (None, "metadata.name=node-a"), "servicecidrs": (None, None)}
     stop.set()
     for t in threads:
         t.join(1)
@@ -455,3 +456,20 @@ def test_a_list_is_logged() -> None:
         make(ListResp([], "1"))[0].run()
     assert {"event": "listed", "kind": "Service", "items": 0, "resource_version": "1",
             "log_level": "info"} in logs
+
+
+def test_an_optional_kind_the_server_does_not_serve_stops_quietly() -> None:
+    """A cluster before 1.33 has no ServiceCIDR API: its reflector ends at the first 404
+    instead of retrying forever (the three kinds the first sync waits for are not optional)."""
+    calls = []
+
+    def list_fn(**kw: Any) -> Any:
+        calls.append(kw)
+        raise ApiException(status=404, reason="Not Found")
+
+    stop = threading.Event()
+    r = Reflector("ServiceCIDR", list_fn, Sink(), stop, optional=True, wait=lambda d: False)
+    with structlog.testing.capture_logs() as logs:
+        r.run()
+    assert len(calls) == 1
+    assert any(e["event"] == "not served by this API server; not watched" for e in logs)

@@ -152,3 +152,23 @@ def test_a_list_goes_in_page_by_page_and_only_a_complete_one_deletes() -> None:
     s.list_page("Node", [node("other")], first=True)
     s.list_done("Node")
     assert s.node is None
+
+
+def test_service_cidrs_ask_for_a_full_sync_and_reach_every_snapshot() -> None:
+    s = store()
+    s.take()
+    cidr = {"kind": "ServiceCIDR", "metadata": {"name": "kubernetes"},
+            "spec": {"cidrs": ["10.96.0.0/16", "fd00:96::/112"]}}
+    s.replace("ServiceCIDR", [cidr])
+    assert s.take().full
+    assert [str(c) for c in s.snapshot().service_cidrs] == ["10.96.0.0/16", "fd00:96::/112"]
+    assert [str(c) for c in s.snapshot({("default", "x")}).service_cidrs] == [
+        "10.96.0.0/16", "fd00:96::/112"]
+    s.event("ServiceCIDR", "MODIFIED", cidr)  # the same ranges: no change
+    assert not s.take()
+    s.event("ServiceCIDR", "DELETED", cidr)
+    assert s.take().full and s.snapshot().service_cidrs == ()
+    s.replace("ServiceCIDR", [{**cidr, "spec": {"cidrs": ["10.96.0.0/33"]}}])
+    assert s.snapshot().service_cidrs == ()
+    assert s.invalid_counts().get("ServiceCIDR") == 1
+    assert s.initialized() is False  # not one of the kinds the first sync waits for
