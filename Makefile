@@ -12,9 +12,9 @@ PYTHON ?= $(shell /usr/bin/python3 -c 'import sys; sys.exit(sys.version_info < (
 	2>/dev/null && echo /usr/bin/python3 || echo python3)
 CMD ?= uname -r; modprobe ip_vs && ipvsadm -Ln
 
-.PHONY: setup host-packages venv kernel lint types unit test demo lab bench chaos capacity soak clean kind-e2e
+.PHONY: setup host-packages venv kernel upstream lint types unit test demo lab bench chaos capacity soak clean kind-e2e
 
-setup: host-packages venv kernel
+setup: host-packages venv kernel upstream
 
 host-packages:
 	@bash integration/vm/install-host-packages.sh
@@ -30,6 +30,11 @@ $(VENV)/.installed: pyproject.toml Makefile
 # Fetch (once) and cache the lab kernel; fails loudly if it cannot.
 kernel: venv
 	@$(PY) -m integration.vm.lab --fetch-only
+
+# Build (once) and cache kube-apiserver, kube-proxy and etcd from the Go module proxy, at the
+# versions integration/upstream/go.mod pins (~/.cache/ipvsproxy-upstream/<version>-<hash>).
+upstream: venv
+	@$(PY) -m integration.upstream.build
 
 lint: venv
 	$(VENV)/bin/ruff check .
