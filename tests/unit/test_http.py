@@ -153,3 +153,14 @@ def test_ipv6_and_dual_stack_wildcards() -> None:
         assert get(f"http://[::1]:{srv.port}/proxyMode")[0] == 200
     finally:
         srv.stop()
+
+
+def test_head_answers_the_headers_of_get_without_the_body(
+        healthz: tuple[http.Served, Health, Metrics, Clock]) -> None:
+    srv, health, _, _ = healthz
+    health.updated(4)
+    url = f"http://127.0.0.1:{srv.port}/healthz"
+    with urllib.request.urlopen(urllib.request.Request(url, method="HEAD"), timeout=5) as r:
+        assert r.status == 200 and r.read() == b""
+        assert r.headers["Content-Type"] == "application/json"
+        assert int(r.headers["Content-Length"]) == len(get(url)[2])
