@@ -4,6 +4,9 @@
   services x 10 endpoints (target <= 1 s) and 50,000 (linear growth: cost per service at 50k
   over cost per service at 10k). Parsing the objects into the store's values is reported too;
   the daemon does it once per object as it arrives, not per sync.
+- Manifests (issue 22): the same 10,000-service dump read by `ipvsproxy.manifests` as YAML
+  (as `kubectl get services,endpointslices,nodes -A -o yaml` writes it) and as JSON: the YAML
+  in under 5x the JSON time (libyaml's loader; PyYAML's pure-Python one is shown beside it).
 - Watch throughput: EndpointSlice MODIFIED events per second from a real WATCH (the test API
   server, tests/apiserver.py, in a process of its own, over loopback HTTP) through the official
   client, the reflector and into the store (target >= 20,000/s); and what the test API server
@@ -170,6 +173,34 @@ def watch_events_per_second(n: int, events: int) -> tuple[float, int]:
         _stop_server(proc, parent)
 
 
+def manifest_seconds(n: int, m: int, repeat: int) -> tuple[float, float, float, int]:
+    """(best JSON, best YAML, pure-Python YAML once, bytes of YAML) reading an n x m dump."""
+    import tempfile
+
+    import yaml
+
+    from ipvsproxy import manifests
+
+    dump = {"apiVersion": "v1", "kind": "List", "items": generate(n, m),
+            "metadata": {"resourceVersion": ""}}
+    with tempfile.TemporaryDirectory() as tmp:
+        j, y = Path(tmp) / "dump.json", Path(tmp) / "dump.yaml"
+        j.write_text(json.dumps(dump, indent=4))
+        y.write_text(yaml.dump(dump, Dumper=getattr(yaml, "CSafeDumper", yaml.SafeDumper),
+                               default_flow_style=False))
+        del dump
+        best = {j: float("inf"), y: float("inf")}
+        for _ in range(repeat):
+            for f in (j, y):
+                t0 = time.perf_counter()
+                manifests.load_objects(str(f))
+                best[f] = min(best[f], time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        list(yaml.load_all(y.read_text(), Loader=yaml.SafeLoader))
+        pure = time.perf_counter() - t0
+        return best[j], best[y], pure, y.stat().st_size
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--services", type=int, default=10000)
@@ -197,6 +228,11 @@ def main() -> int:
     row(f"desired state {big} svc x {m} ep ({vs_big} VS)", t_big, "s", "-", None)
     row(f"desired state cost per service, {big} over {n}", growth, "x",
         "linear (<= 1.25)", growth <= 1.25)
+    t_json, t_yaml, t_pure, size = manifest_seconds(n, m, args.repeat)
+    row(f"manifest {n} svc x {m} ep as JSON", t_json, "s", "-", None)
+    row(f"manifest as YAML ({size / 1e6:.1f} MB, libyaml)", t_yaml, "s", "-", None)
+    row("manifest YAML over JSON", t_yaml / t_json, "x", "< 5", t_yaml / t_json < 5)
+    row("manifest as YAML with PyYAML's pure-Python loader (before)", t_pure, "s", "-", None)
     rate, got = watch_events_per_second(n, args.events)
     row(f"watch: EndpointSlice events into the store ({got} events)", rate, "/s",
         ">= 20000", rate >= 20000)

@@ -1,17 +1,74 @@
-"""Reading Kubernetes objects from files: YAML or JSON, one or many documents, `kind: List`,
-or a directory of such files (sorted by name)."""
+"""Reading Kubernetes objects from files: YAML or JSON, one or many documents, `kind: List` (what
+`kubectl get KINDS -A -o yaml|json` writes), a directory of such files (sorted by name), or
+standard input (`-`).
+
+JSON is recognised by its first character whatever the file is called (`kubectl -o json >
+dump.yaml` happens), and read with the json module, also as a stream of concatenated documents.
+YAML is read with libyaml's loader (`yaml.CSafeLoader`, which PyYAML's wheels carry): PyYAML's
+pure-Python loader takes ~10x as long (issue 22: 12.4 s against 1.5 s for 2,000 services x 10
+endpoints), so without libyaml a large file gets a warning that says why it is slow.
+"""
 
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
 SUFFIXES = {".yaml", ".yml", ".json"}
+SLOW_YAML_BYTES = 1 << 20  # without libyaml, a file this big is worth a warning
 
 
 class ManifestError(Exception):
     """A file that cannot be read or parsed; the message names it."""
+
+
+def _json_documents(text: str) -> list[Any]:
+    """One JSON document, or several one after another (as `kubectl get a -o json; kubectl get
+    b -o json` writes them)."""
+    try:
+        return [json.loads(text)]
+    except json.JSONDecodeError as first:
+        decoder = json.JSONDecoder()
+        docs, i, n = [], 0, len(text)
+        while True:
+            while i < n and text[i].isspace():
+                i += 1
+            if i == n:
+                return docs
+            try:
+                doc, i = decoder.raw_decode(text, i)
+            except json.JSONDecodeError:
+                raise first from None
+            docs.append(doc)
+
+
+def _yaml_documents(text: str, name: str) -> list[Any]:
+    import yaml
+
+    loader = getattr(yaml, "CSafeLoader", None)
+    if loader is None:
+        loader = yaml.SafeLoader
+        if len(text) >= SLOW_YAML_BYTES:
+            print(f"warning: {name}: PyYAML has no libyaml here, so this YAML is read with its "
+                  "pure-Python loader (about 10x slower; JSON is read fast)", file=sys.stderr)
+    try:
+        return [d for d in yaml.load_all(text, Loader=loader) if d is not None]
+    except yaml.YAMLError as exc:
+        raise ManifestError(f"{name}: invalid YAML: {exc}") from None
+
+
+def parse(text: str, name: str) -> list[Any]:
+    """The documents of one file's text (`name` is for messages)."""
+    if text.lstrip()[:1] in ("{", "["):
+        try:
+            return _json_documents(text)
+        except json.JSONDecodeError as exc:
+            if name.endswith(".json"):
+                raise ManifestError(f"{name}: invalid JSON: {exc}") from None
+            # not JSON after all: YAML flow style starts the same way
+    return _yaml_documents(text, name)
 
 
 def _load(path: Path) -> list[Any]:
@@ -19,20 +76,14 @@ def _load(path: Path) -> list[Any]:
         text = path.read_text()
     except OSError as exc:
         raise ManifestError(f"{path}: {exc.strerror or exc}") from None
-    if path.suffix == ".json":
-        try:
-            return [json.loads(text)]
-        except json.JSONDecodeError as exc:
-            raise ManifestError(f"{path}: invalid JSON: {exc}") from None
-    import yaml
-
-    try:
-        return [d for d in yaml.safe_load_all(text) if d is not None]
-    except yaml.YAMLError as exc:
-        raise ManifestError(f"{path}: invalid YAML: {exc}") from None
+    if path.suffix == ".json" and not text.strip():
+        raise ManifestError(f"{path}: invalid JSON: the file is empty")
+    return parse(text, str(path))
 
 
 def load_objects(path: str) -> list[Any]:
+    if path == "-":
+        return parse(sys.stdin.read(), "<stdin>")
     p = Path(path)
     if p.is_dir():
         files = sorted(f for f in p.rglob("*") if f.suffix in SUFFIXES and f.is_file())

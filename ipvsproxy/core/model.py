@@ -209,6 +209,18 @@ def _parse_ip(text: str) -> IPAddress:
     return ip_address(text)
 
 
+def _timestamp(v: Any) -> str:
+    """RFC 3339 in UTC as the API server writes it; YAML written without quotes loads a
+    datetime, which is written back the same way."""
+    if isinstance(v, str):
+        return v
+    if hasattr(v, "astimezone") and hasattr(v, "strftime"):
+        from datetime import UTC
+
+        return str((v.astimezone(UTC) if v.tzinfo else v).strftime("%Y-%m-%dT%H:%M:%SZ"))
+    return ""
+
+
 def _special(a: IPAddress) -> str:
     """Why an external or load-balancer address is refused (ValidateNonSpecialIP), or ""."""
     why = special_address(a)
@@ -371,11 +383,11 @@ def parse_service(obj: Mapping[str, Any]) -> tuple[Service | None, list[Problem]
         timeout = t
     sched, flags, ann_problems = _annotations(_str_map(meta.get("annotations")))
     problems.extend(bad(p) for p in ann_problems)
-    created, uid = meta.get("creationTimestamp"), meta.get("uid")
+    uid = meta.get("uid")
     svc = Service(ns, name, stype, tuple(cluster_ips), tuple(ports), tuple(ext), tuple(lb),
                   tuple(ranges), ext_local,
                   int_local, timeout, hc if ext_local else 0, sched, flags, "",
-                  created if isinstance(created, str) else "", uid if isinstance(uid, str) else "")
+                  _timestamp(meta.get("creationTimestamp")), uid if isinstance(uid, str) else "")
     return svc, problems
 
 

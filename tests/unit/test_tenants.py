@@ -199,3 +199,19 @@ def test_the_command_line_on_the_issues_file(tmp_path: Path) -> None:
     warnings = [w for w in out.stderr.splitlines() if w.startswith("warning:")]
     assert any("is the ClusterIP of t2/victim:http" in w for w in warnings)
     assert sum("refuses" in w for w in warnings) == 5, warnings
+
+
+def test_an_unquoted_yaml_timestamp_orders_as_the_api_servers_text(tmp_path: Path) -> None:
+    from ipvsproxy.core.cluster import build_snapshot
+    from ipvsproxy.manifests import load_objects
+
+    f = tmp_path / "s.yaml"
+    f.write_text("kind: Service\nmetadata: {namespace: a, name: s, "
+                 "creationTimestamp: 2024-01-01T10:00:00Z}\n"
+                 "spec: {clusterIP: 10.96.0.1, ports: [{port: 80}]}\n"
+                 "---\nkind: Service\nmetadata: {namespace: b, name: s, "
+                 "creationTimestamp: \"2023-01-01T10:00:00Z\"}\n"
+                 "spec: {clusterIP: 10.96.0.2, ports: [{port: 80}]}\n")
+    snap = build_snapshot(load_objects(str(f)), NODE)
+    assert sorted(s.created for s in snap.services) == ["2023-01-01T10:00:00Z",
+                                                        "2024-01-01T10:00:00Z"]
