@@ -7,7 +7,6 @@ emulation); anything else it does not know for sure goes through argparse as usu
 
 from __future__ import annotations
 
-import contextlib
 import os
 import sys
 from collections.abc import Sequence
@@ -152,16 +151,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def entry() -> None:
     """The process: main() with the command line, then exit with its code (the `ipvsproxy`
-    script and `python -m ipvsproxy`). A command module with EXIT_AT_ONCE (ls) leaves by
-    os._exit once stdout and stderr are flushed, without interpreter finalization."""
-    rc = main()
-    command = _command(sys.argv[1:])
-    if command and getattr(sys.modules.get(SUBCOMMANDS[command][0]), "EXIT_AT_ONCE", False):
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(OSError, ValueError):  # reader gone, stream closed
-                stream.flush()  # (rc says so already)
-        os._exit(rc)
-    sys.exit(rc)
+    command and `python -m ipvsproxy`)."""
+    sys.exit(main())
 
 
 def _call(module: ModuleType, args: Any) -> int:

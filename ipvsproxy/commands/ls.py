@@ -55,10 +55,6 @@ if TYPE_CHECKING:
 
 # A listing prints and exits: it skips structlog (whose import costs seconds in emulation).
 LOGS = False
-# ... and leaves by os._exit once its output is flushed (cli.entry): interpreter finalization
-# would tear down every module and collect what the listing left, ~0.1 s of an `ls -n` of
-# 20,000 real servers under emulation, for a process that holds nothing else.
-EXIT_AT_ONCE = True
 
 DESCRIPTION = """List the kernel's IPVS virtual and real servers. The output is byte for byte what
 ipvsadm 1.31 prints for the same options (-L -n, --stats, --rate, -S, -c, --timeout ...).

@@ -565,9 +565,9 @@ def test_the_installed_command_line(clean_ipvs: None) -> None:
 
 
 def test_the_script_through_a_pipe(clean_ipvs: None) -> None:
-    """The `ipvsproxy` script (cli.entry exits a listing at once, os._exit): a listing larger
-    than a pipe's buffer arrives whole through a pipe, and a reader that goes away after the
-    first line ends it with 141 (128 + SIGPIPE) and nothing on stderr."""
+    """The `ipvsproxy` command: a listing larger than a pipe's buffer arrives whole through a
+    pipe, and a reader that goes away after the first line ends it with 141 (128 + SIGPIPE)
+    and nothing on stderr."""
     vips = [f"10.97.{i // 256}.{i % 256}:80" for i in range(300)]
     rules = "".join(f"-A -t {vip} -s rr\n"
                     + "".join(f"-a -t {vip} -r 10.244.{i % 200}.{j}:8080 -m\n" for j in range(10))

@@ -46,9 +46,9 @@ def test_python_dash_m_runs_the_same_cli() -> None:
     assert "explain" in p.stdout
 
 
-def test_a_listing_exits_at_once_with_its_message_and_code() -> None:
-    """cli.entry ends `ls` with os._exit: what was written still arrives, the code is ls's
-    (ipvsadm's messages and codes for options it refuses, before any kernel access)."""
+def test_a_listing_exits_with_its_message_and_code() -> None:
+    """The process ends with ls's code and what it wrote (ipvsadm's messages and codes for
+    options it refuses, before any kernel access)."""
     for argv, message in ((["ls", "-Ln", "--timeout", "--stats"],
                            "options conflicts in the list command\n"),
                           (["ls", "-Ln", "-f", "0"], "invalid fwmark value `0' specified\n"),
@@ -57,19 +57,6 @@ def test_a_listing_exits_at_once_with_its_message_and_code() -> None:
         p = subprocess.run([sys.executable, "-m", "ipvsproxy", *argv], capture_output=True,
                            text=True, check=False)
         assert (p.returncode, p.stdout, p.stderr) == (2, "", message)
-
-
-def test_only_a_listing_skips_interpreter_finalization() -> None:
-    """EXIT_AT_ONCE (ls) leaves by os._exit: an atexit handler does not run; for other commands
-    it does."""
-    code = ("import atexit, sys; atexit.register(print, 'finalized'); sys.argv = {argv!r};"
-            "from ipvsproxy.cli import entry; entry()")
-    for argv, finalized in ((["ipvsproxy", "ls", "-Ln", "-f", "0"], False),
-                            (["ipvsproxy", "-v", "1", "ls", "-Ln", "-f", "0"], False),
-                            (["ipvsproxy", "explain", "--help"], True)):
-        p = subprocess.run([sys.executable, "-c", code.format(argv=argv)], capture_output=True,
-                           text=True, check=False)
-        assert ("finalized\n" in p.stdout) is finalized, (argv, p.stdout, p.stderr)
 
 
 def test_json_logs_when_not_a_terminal() -> None:
