@@ -32,7 +32,6 @@ RUN pip install -r /tmp/requirements.txt && rm /tmp/requirements.txt
 COPY pyproject.toml README.md /src/
 COPY ipvsproxy /src/ipvsproxy
 COPY scheduler /src/scheduler
-COPY bin /src/bin
 RUN pip install --no-deps /src && rm -rf /src
 
 COPY deploy/entrypoint.sh /usr/local/bin/ipvsproxy-entrypoint

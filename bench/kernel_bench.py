@@ -151,7 +151,7 @@ def main() -> int:
                                args.repeat)
     row("observe: full dump with stats", ours, save, "ipvsadm -Sn", 1.0)
     row("observe: full dump with stats", ours, listing, "ipvsadm -Ln", 1.0)
-    # The command as a user runs it: the `ipvsproxy` script of the install (bin/ipvsproxy).
+    # The command as a user runs it: the `ipvsproxy` entry point of the install.
     script = Path(sys.executable).with_name("ipvsproxy")
     ls = f"{script} ls -n" if script.exists() else f"{sys.executable} -m ipvsproxy ls -n"
     # Byte for byte the same text; also the first (cold) run of each.

@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import ast
+import configparser
 import fnmatch
 import importlib.metadata
 import re
@@ -439,8 +440,8 @@ def test_what_the_dockerfile_copies_is_in_the_build_context() -> None:
     copies = [shlex.split(line)[1:-1] for line in dockerfile.splitlines()
               if line.startswith("COPY ")]
     sources = [s for srcs in copies for s in srcs if not s.startswith("--")]
-    assert {"deploy/requirements.txt", "ipvsproxy", "scheduler", "deploy/entrypoint.sh",
-            "bin"} <= set(sources)
+    assert {"deploy/requirements.txt", "ipvsproxy", "scheduler",
+            "deploy/entrypoint.sh"} <= set(sources)
     for src in sources:
         assert (ROOT / src).exists(), src
         files = [src] if (ROOT / src).is_file() else [
@@ -460,7 +461,8 @@ def test_what_the_dockerfile_copies_is_in_the_build_context() -> None:
 def test_the_package_as_the_image_copies_it_installs_the_ipvsproxy_command(
         tmp_path: Path) -> None:
     """`pip install --no-deps /src` of what the Dockerfile copies to /src: the wheel holds the
-    package and the `ipvsproxy` script (pyproject.toml script-files, bin/ipvsproxy)."""
+    package and the `ipvsproxy` command (pyproject.toml [project.scripts]), whose function is
+    the one `python -m ipvsproxy` runs."""
     dockerfile = (ROOT / "Dockerfile").read_text(encoding="utf-8")
     src = tmp_path / "src"
     for line in dockerfile.splitlines():
@@ -482,9 +484,12 @@ def test_the_package_as_the_image_copies_it_installs_the_ipvsproxy_command(
     (wheel,) = (tmp_path / "out").glob("ipvsproxy-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     assert "ipvsproxy/cli.py" in names and "scheduler/__init__.py" in names
-    (script,) = [n for n in names if n.endswith(".data/scripts/ipvsproxy")]
-    text = zipfile.ZipFile(wheel).read(script).decode()
-    assert text.startswith("#!python") and "from ipvsproxy.cli import entry" in text
+    (entry_points,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
+    scripts = configparser.ConfigParser()
+    scripts.read_string(zipfile.ZipFile(wheel).read(entry_points).decode())
+    assert dict(scripts["console_scripts"]) == {"ipvsproxy": "ipvsproxy.cli:entry"}
+    main = (ROOT / "ipvsproxy" / "__main__.py").read_text(encoding="utf-8")
+    assert "from ipvsproxy.cli import entry" in main
 
 
 def _canonical(name: str) -> str:
