@@ -1,9 +1,4 @@
-"""Command line: argparse only. Flags become arguments for one call into a subcommand module.
-
-One exception: `ipvsproxy ls` with ipvsadm's plain listing options is read by ls.quick_args
-without argparse (whose import, with re and gettext, is a tenth of a listing's time under
-emulation); anything else it does not know for sure goes through argparse as usual.
-"""
+"""Command line: argparse only. Flags become arguments for one call into a subcommand module."""
 
 from __future__ import annotations
 
@@ -132,12 +127,6 @@ def _command(argv: Sequence[str]) -> str | None:
 def main(argv: Sequence[str] | None = None) -> int:
     if argv is None:
         argv = sys.argv[1:]
-    if argv[:1] == ["ls"]:
-        from ipvsproxy.commands import ls
-
-        quick = ls.quick_args(argv[1:])
-        if quick is not None:
-            return _call(ls, quick)
     args = build_parser(_command(argv) or "").parse_args(argv)
     args.argv = list(argv)  # which flags were typed (run --config: typed flags beat the file)
     module = _load(args.command)

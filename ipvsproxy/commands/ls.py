@@ -9,13 +9,13 @@ comes from ipvsproxy.core.ipvsadm_format and ipvsadm_conn; this module does the 
 from __future__ import annotations
 
 import _socket as socket  # the C module (see core/ipvs.py AF_INET)
+import argparse
 import contextlib
 import errno
 import os
 import sys
 from collections.abc import Iterator, Sequence
 from ipaddress import IPv4Address, IPv6Address
-from types import SimpleNamespace
 
 from ipvsproxy.core.gcpause import paused
 from ipvsproxy.core.ipvs import (
@@ -47,7 +47,6 @@ from ipvsproxy.core.ipvsadm_format import (
 TYPE_CHECKING = False  # typing: not on the `ls` path (core/record.py)
 
 if TYPE_CHECKING:
-    import argparse
     from typing import Any
 
     from ipvsproxy.kernel.ipvs import IpvsClient
@@ -104,101 +103,44 @@ class Request:
         self.af = AF_INET
 
 
-# The ipvsadm options of add_arguments: option string -> (what _Record records, takes a value).
-FLAGS: dict[str, tuple[Any, bool]] = {
-    "-L": ("L", False), "--list": ("L", False), "-l": ("L", False), "-S": ("S", False),
-    "--save": ("S", False), "-n": (0, False), "--numeric": (0, False), "-c": (1, False),
-    "--connection": (1, False), "-t": ("t", True), "--tcp-service": ("t", True),
-    "-u": ("u", True), "--udp-service": ("u", True), "--sctp-service": ("sctp", True),
-    "-f": ("f", True), "--fwmark-service": ("f", True), "-6": ("6", False),
-    "--ipv6": ("6", False), "--timeout": (12, False), "--stats": (14, False),
-    "--rate": (15, False), "--thresholds": (16, False), "--persistent-conn": (17, False),
-    "--nosort": (18, False), "--sort": ("sort", False), "-X": (20, False),
-    "--exact": (20, False), "--tun-info": (28, False),
-}
-HELP = {"-L": "list the table (-l too)", "-S": "print rules in the form ipvsadm -R reads",
-        "-n": "numeric addresses and ports", "-c": "list connections",
-        "-t": "list only this TCP virtual service", "-u": "list only this UDP virtual service",
-        "--sctp-service": "list only this SCTP virtual service",
-        "-f": "list only this firewall-mark virtual service", "-6": "the fwmark service is IPv6",
-        "--timeout": "show tcp tcpfin udp timeouts", "--stats": "counters", "--rate": "rates",
-        "--thresholds": "upper and lower thresholds",
-        "--persistent-conn": "persistent connection counts",
-        "--nosort": "kernel order, not sorted", "--sort": "does nothing (sorting is the default)",
-        "-X": "exact numbers, no K/M/G/T", "--tun-info": "tunnel information column"}
+class _Record(argparse.Action):
+    """Keeps every option in command-line order, as popt hands them to ipvsadm."""
 
-
-def quick_args(argv: Sequence[str]) -> SimpleNamespace | None:
-    """The arguments argparse (add_arguments) makes of `ls` argv, read without argparse, or
-    None where that is not certain (help, a value that starts with '-', anything unknown): the
-    caller then asks argparse, which also gives the errors. Tested against argparse."""
-    opts: list[tuple[Any, Any, str]] = []
-    services = False
-    i = 0
-    while i < len(argv):
-        arg = argv[i]
-        i += 1
-        if arg == "--services":
-            services = True
-        elif arg.startswith("--"):
-            name, eq, value = arg.partition("=")
-            spec = FLAGS.get(name)
-            if spec is None or (eq and not spec[1]):
-                return None
-            if spec[1] and not eq:
-                if i == len(argv) or argv[i].startswith("-"):
-                    return None
-                value, i = argv[i], i + 1
-            opts.append((spec[0], value if spec[1] else [], name))
-        elif arg.startswith("-") and len(arg) > 1:
-            j = 1
-            while j < len(arg):
-                spec = FLAGS.get("-" + arg[j])
-                if spec is None:
-                    return None
-                if not spec[1]:
-                    opts.append((spec[0], [], "-" + arg[j]))
-                    j += 1
-                    continue
-                value = arg[j + 1:]
-                if not value:
-                    if i == len(argv) or argv[i].startswith("-"):
-                        return None
-                    value, i = argv[i], i + 1
-                opts.append((spec[0], value, "-" + arg[j]))
-                break
-        else:
-            return None
-    return SimpleNamespace(command="ls", ipvsadm_opts=opts, services=services, verbosity=0,
-                           log_format=None, argv=["ls", *argv])
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: str | Sequence[Any] | None, option_string: str | None = None) -> None:
+        seen = list(getattr(namespace, "ipvsadm_opts", None) or [])
+        seen.append((self.const, values, option_string))
+        namespace.ipvsadm_opts = seen
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    import argparse
-
-    class _Record(argparse.Action):
-        """Keeps every option in command-line order, as popt hands them to ipvsadm."""
-
-        def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
-                     values: str | Sequence[Any] | None, option_string: str | None = None
-                     ) -> None:
-            seen = list(getattr(namespace, "ipvsadm_opts", None) or [])
-            seen.append((self.const, values, option_string))
-            namespace.ipvsadm_opts = seen
-
     parser.set_defaults(ipvsadm_opts=[])
-    commands = parser.add_argument_group("ipvsadm commands (list is the default)")
-    options = parser.add_argument_group("ipvsadm options")
-    names: dict[Any, list[str]] = {}
-    for name, (const, _) in FLAGS.items():
-        names.setdefault((const, name in ("-l",)), []).append(name)
-    for (const, hidden), strings in names.items():
-        value = FLAGS[strings[0]][1]
-        group = commands if const in ("L", "S") else options
-        extra: dict[str, Any] = {"metavar": "FWMARK" if const == "f" else "HOST[:PORT]"} \
-            if value else {"nargs": 0}
-        group.add_argument(*strings, const=const, action=_Record,
-                           help=argparse.SUPPRESS if hidden else HELP[strings[0]], **extra)
+    flag: dict[str, Any] = {"action": _Record, "nargs": 0}
+    g = parser.add_argument_group("ipvsadm commands (list is the default)")
+    g.add_argument("-L", "--list", const="L", help="list the table (-l too)", **flag)
+    g.add_argument("-l", const="L", help=argparse.SUPPRESS, **flag)
+    g.add_argument("-S", "--save", const="S", help="print rules in the form ipvsadm -R reads",
+                   **flag)
+    o = parser.add_argument_group("ipvsadm options")
+    o.add_argument("-n", "--numeric", const=0, help="numeric addresses and ports", **flag)
+    o.add_argument("-c", "--connection", const=1, help="list connections", **flag)
+    for opts, code, what in ((("-t", "--tcp-service"), "t", "TCP"),
+                             (("-u", "--udp-service"), "u", "UDP"),
+                             (("--sctp-service",), "sctp", "SCTP")):
+        o.add_argument(*opts, const=code, action=_Record, metavar="HOST[:PORT]",
+                       help=f"list only this {what} virtual service")
+    o.add_argument("-f", "--fwmark-service", const="f", action=_Record, metavar="FWMARK",
+                   help="list only this firewall-mark virtual service")
+    o.add_argument("-6", "--ipv6", const="6", help="the fwmark service is IPv6", **flag)
+    o.add_argument("--timeout", const=12, help="show tcp tcpfin udp timeouts", **flag)
+    o.add_argument("--stats", const=14, help="counters", **flag)
+    o.add_argument("--rate", const=15, help="rates", **flag)
+    o.add_argument("--thresholds", const=16, help="upper and lower thresholds", **flag)
+    o.add_argument("--persistent-conn", const=17, help="persistent connection counts", **flag)
+    o.add_argument("--nosort", const=18, help="kernel order, not sorted", **flag)
+    o.add_argument("--sort", const="sort", help="does nothing (sorting is the default)", **flag)
+    o.add_argument("-X", "--exact", const=20, help="exact numbers, no K/M/G/T", **flag)
+    o.add_argument("--tun-info", const=28, help="tunnel information column", **flag)
     parser.add_argument("--services", action="store_true",
                         help="beyond ipvsadm: append the owning Kubernetes namespace/name:port "
                              "to each virtual-server line")
@@ -440,14 +382,14 @@ def _plain_listing(client: IpvsClient, info: IpvsInfo, fmt: int, resolver: Syste
     return list_plain(info, services, out, fmt)
 
 
-def run(args: argparse.Namespace | SimpleNamespace) -> int:
+def run(args: argparse.Namespace) -> int:
     # A listing allocates a few objects per real server and frees them all at exit: the cyclic
     # garbage collector would only walk them over and over.
     with paused():
         return _run(args)
 
 
-def _run(args: argparse.Namespace | SimpleNamespace) -> int:
+def _run(args: argparse.Namespace) -> int:
     try:
         req = parse_request(args.ipvsadm_opts)
         if args.services and (req.cmd == CMD_SAVE or req.options & {1, 12}):

@@ -6,8 +6,6 @@ import subprocess
 import sys
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from ipvsproxy.cli import SUBCOMMANDS, build_parser, main
 
@@ -52,7 +50,7 @@ def test_a_listing_exits_with_its_message_and_code() -> None:
     for argv, message in ((["ls", "-Ln", "--timeout", "--stats"],
                            "options conflicts in the list command\n"),
                           (["ls", "-Ln", "-f", "0"], "invalid fwmark value `0' specified\n"),
-                          (["-v", "1", "ls", "-Ln", "-f", "0"],  # through argparse
+                          (["-v", "1", "ls", "-Ln", "-f", "0"],
                            "invalid fwmark value `0' specified\n")):
         p = subprocess.run([sys.executable, "-m", "ipvsproxy", *argv], capture_output=True,
                            text=True, check=False)
@@ -73,47 +71,10 @@ def test_json_logs_when_not_a_terminal() -> None:
     assert line["level"] == "info"
 
 
-_LS_TOKENS = ["-L", "-l", "--list", "-S", "--save", "-n", "--numeric", "-Ln", "-lnc", "-nL",
-              "-c", "--connection", "-t", "-t10.0.0.1:80", "--tcp-service", "-u", "-nu1.2.3.4",
-              "--udp-service=1.2.3.4:53", "--sctp-service", "-f", "-f5", "--fwmark-service=7",
-              "-6", "--ipv6", "-6f", "--timeout", "--stats", "--rate", "--thresholds",
-              "--persistent-conn", "--nosort", "--sort", "-X", "--exact", "-Xn", "--tun-info",
-              "--services", "10.96.0.1:443", "[fd00::1]:80", "5", "-h", "--help", "--", "-",
-              "-x", "--bogus", "--stats=1", "--list=x", "-q", "--sta", "-Ln6", "-LnX", ""]
-
-
-@settings(max_examples=3000, deadline=None)
-@given(st.lists(st.sampled_from(_LS_TOKENS), max_size=6))
-def test_ls_quick_arguments_are_what_argparse_makes(argv: list[str]) -> None:
-    """ls.quick_args (no argparse import on the listing path) reads exactly what argparse
-    reads, or declines and leaves it (and its errors) to argparse."""
-    from ipvsproxy.commands import ls
-
-    quick = ls.quick_args(argv)
-    if quick is None:
-        return
-    parsed = build_parser("ls").parse_args(["ls", *argv])
-    assert (quick.ipvsadm_opts, quick.services) == (parsed.ipvsadm_opts, parsed.services)
-    assert (quick.command, quick.verbosity, quick.log_format) == (
-        parsed.command, parsed.verbosity, parsed.log_format)
-
-
-def test_ls_quick_arguments_take_the_plain_listings() -> None:
-    from ipvsproxy.commands import ls
-
-    for argv in (["-Ln"], ["-L", "-n"], ["-n"], ["-Ln", "--stats", "--exact"], ["-S", "-n"],
-                 ["-Ln", "-t", "10.96.0.1:443"], ["--list", "--numeric", "--rate"],
-                 ["-Lnc"], ["--timeout"], ["-Ln", "--services"], ["-f", "5", "-6", "-Ln"]):
-        assert ls.quick_args(argv) is not None, argv
-    for argv in (["-h"], ["--help"], ["-t"], ["-t", "-n"], ["x"], ["--stats=1"], ["--"]):
-        assert ls.quick_args(argv) is None, argv
-
-
-def test_ls_imports_neither_argparse_nor_dataclasses() -> None:
+def test_ls_imports_no_dataclasses() -> None:
     code = ("import sys; from ipvsproxy.commands import ls; import ipvsproxy.cli; "
             "import ipvsproxy.kernel.ipvs; "
-            "print(sorted(m for m in ('argparse', 'dataclasses', 'inspect', 'ast') "
-            "if m in sys.modules))")
+            "print(sorted(m for m in ('dataclasses', 'inspect', 'ast') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout
     assert out.strip() == "[]"
