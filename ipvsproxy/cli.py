@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 from collections.abc import Sequence
 from types import ModuleType
+from typing import Any
 
 from ipvsproxy import __version__
-
-TYPE_CHECKING = False  # typing: not on the `ls` path (core/record.py)
-if TYPE_CHECKING:
-    import argparse
-    from typing import Any
 
 # name -> (module, one-line help). The module holds the description, flags and the work.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
@@ -56,8 +53,6 @@ def _columns() -> int:
 
 def _formatters() -> tuple[type[argparse.HelpFormatter], type[argparse.HelpFormatter]]:
     """The help formatters (plain, raw description), sized to the terminal."""
-    import argparse
-
     class _Help(argparse.HelpFormatter):
         def __init__(self, prog: str, indent_increment: int = 2, max_help_position: int = 24,
                      width: int | None = None) -> None:
@@ -84,8 +79,6 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The whole command line. With `command`, only that subcommand's module is imported (the
     others are listed with their one-line help but take no arguments): `ipvsproxy ls` must not
     pay for importing what `sync` or `run` need."""
-    import argparse
-
     _Help, _RawHelp = _formatters()
     parser = argparse.ArgumentParser(
         prog="ipvsproxy",

@@ -20,11 +20,10 @@ import _thread
 import sys
 from collections.abc import Sequence
 from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
-TYPE_CHECKING = False  # typing: not on the `ls` path (core/record.py)
 if TYPE_CHECKING:
     from importlib.machinery import ModuleSpec
-    from typing import Any
 
 
 # package -> {name taken from the package itself: the submodule that defines it}

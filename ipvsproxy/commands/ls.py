@@ -16,6 +16,7 @@ import os
 import sys
 from collections.abc import Iterator, Sequence
 from ipaddress import IPv4Address, IPv6Address
+from typing import TYPE_CHECKING, Any
 
 from ipvsproxy.core.gcpause import paused
 from ipvsproxy.core.ipvs import (
@@ -44,11 +45,7 @@ from ipvsproxy.core.ipvsadm_format import (
     plain_block,
 )
 
-TYPE_CHECKING = False  # typing: not on the `ls` path (core/record.py)
-
 if TYPE_CHECKING:
-    from typing import Any
-
     from ipvsproxy.kernel.ipvs import IpvsClient
     from ipvsproxy.kernel.ipvs_dump import Frame
 

@@ -22,8 +22,7 @@ from _socket import AF_INET as AF_INET
 from _socket import AF_INET6 as AF_INET6
 from enum import IntEnum
 from ipaddress import IPv4Address, IPv6Address
-
-from ipvsproxy.core.record import NamedTuple  # typing.NamedTuple, without importing typing
+from typing import NamedTuple
 
 IPAddress = IPv4Address | IPv6Address
 

@@ -11,6 +11,7 @@ from _socket import inet_ntoa as _ntoa  # (not socket: see core/ipvs.py AF_INET)
 from collections.abc import Mapping, Sequence
 from ipaddress import IPv4Address, IPv6Address
 from operator import itemgetter
+from typing import Protocol as TypingProtocol
 
 from ipvsproxy.core.ipvs import (
     AF_INET,
@@ -32,10 +33,6 @@ from ipvsproxy.core.ipvs import (
     VirtualServer,
 )
 from ipvsproxy.core.ipvsadm_sort import WRAP, glibc_qsort, int32, sort_dests, sort_services
-
-TYPE_CHECKING = False  # typing: not on the `ls` path (core/record.py)
-if TYPE_CHECKING:
-    from typing import Protocol as TypingProtocol
 
 IPAddress = IPv4Address | IPv6Address
 
@@ -62,16 +59,14 @@ _ADDRPORT_BUF = 60  # addrport_to_anyname: malloc(60) + snprintf, so at most 59 
 _NULL = "(null)"  # what glibc's printf prints for a NULL %s (fwd_name of an unknown method)
 
 
-if TYPE_CHECKING:  # a type only: typing.Protocol is not on the `ls` path
-    class Resolver(TypingProtocol):
-        """The two lookups ipvsadm makes without -n. None means "not found"."""
+class Resolver(TypingProtocol):
+    """The two lookups ipvsadm makes without -n. None means "not found"."""
 
-        def host(self, addr: IPAddress) -> str | None:
-            """gethostbyaddr(addr)->h_name (ipvsadm.c addr_to_host)."""
+    def host(self, addr: IPAddress) -> str | None:
+        """gethostbyaddr(addr)->h_name (ipvsadm.c addr_to_host)."""
 
-        def service(self, port: int, proto: str) -> str | None:
-            """getservbyport(port, proto)->s_name, proto "tcp", "udp" or "sctp"
-            (port_to_service)."""
+    def service(self, port: int, proto: str) -> str | None:
+        """getservbyport(port, proto)->s_name, proto "tcp", "udp" or "sctp" (port_to_service)."""
 
 
 class NoResolver:

@@ -11,14 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from ipaddress import IPv4Address, IPv6Address
+from typing import TypeVar
 
 from ipvsproxy.core.ipvs import AF_INET6, ObservedDest, ObservedService
 
-TYPE_CHECKING = False  # typing: not on the `ls` path (core/record.py)
-if TYPE_CHECKING:
-    from typing import TypeVar
-
-    T = TypeVar("T")
+T = TypeVar("T")
 
 IPAddress = IPv4Address | IPv6Address
 

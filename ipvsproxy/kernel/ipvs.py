@@ -22,6 +22,7 @@ import os
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import repeat
 from types import TracebackType
+from typing import TypeVar
 
 from ipvsproxy.core.gcpause import paused
 from ipvsproxy.core.ipvs import (
@@ -41,15 +42,10 @@ from ipvsproxy.kernel import ipvs_codec as c
 from ipvsproxy.kernel import ipvs_dump
 from ipvsproxy.kernel.ipvs_shapes import DumpDecoder
 
-TYPE_CHECKING = False  # typing: not on the `ls` path (core/record.py)
-if TYPE_CHECKING:
-    from typing import TypeVar
-
-    _T = TypeVar("_T")
-
 _NO_STATS = Stats()
 
 _new = tuple.__new__  # a NamedTuple from the tuple of its fields, in C
+_T = TypeVar("_T")
 
 NETLINK_GENERIC = 16
 SOL_NETLINK = 270

@@ -9,10 +9,7 @@ from collections.abc import Callable, Iterable
 from ipaddress import IPv4Address, IPv6Address
 from itertools import filterfalse
 from operator import attrgetter
-
-TYPE_CHECKING = False  # typing: not on the `ls` path (core/record.py)
-if TYPE_CHECKING:
-    from typing import Any
+from typing import Any
 
 
 def _ipv4_makers() -> tuple[Callable[[int], IPv4Address],

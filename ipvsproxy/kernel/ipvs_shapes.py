@@ -19,6 +19,7 @@ from _socket import htonl, ntohl, ntohs  # (not socket: see core/ipvs.py AF_INET
 from collections.abc import Callable, Iterable, Sequence
 from ipaddress import IPv4Address, IPv6Address
 from itertools import chain, repeat
+from typing import Any, TypeVar
 
 from ipvsproxy.core.ipvs import (
     AF_INET6,
@@ -77,11 +78,7 @@ from ipvsproxy.kernel.ipvs_codec import (
 )
 from ipvsproxy.kernel.netlink_shape import Shape, fixed, walk
 
-TYPE_CHECKING = False  # typing: not on the `ls` path (core/record.py)
-if TYPE_CHECKING:
-    from typing import Any, TypeVar
-
-    _T = TypeVar("_T")
+_T = TypeVar("_T")
 
 _NESTS = {(A_SERVICE,), (A_DEST,), (A_SERVICE, S_STATS), (A_SERVICE, S_STATS64),
           (A_DEST, D_STATS), (A_DEST, D_STATS64)}

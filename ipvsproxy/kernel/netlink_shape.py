@@ -12,13 +12,9 @@ from __future__ import annotations
 import struct
 from collections.abc import Callable, Collection, Sequence
 from operator import itemgetter
+from typing import Any
 
 from ipvsproxy.kernel.ipvs_codec import _NLA, _U32, DecodeError
-
-TYPE_CHECKING = False  # typing: not on the `ls` path (core/record.py)
-if TYPE_CHECKING:
-    from typing import Any
-
 
 # How the fast path reads an attribute of a given value length: a struct format, None (treated
 # as absent, as the generic decoder treats it) or SHORT (the generic decoder rejects it).

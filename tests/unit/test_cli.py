@@ -71,10 +71,11 @@ def test_json_logs_when_not_a_terminal() -> None:
     assert line["level"] == "info"
 
 
-def test_ls_imports_no_dataclasses() -> None:
+def test_ls_imports_no_dataclasses_python_socket_or_importlib() -> None:
     code = ("import sys; from ipvsproxy.commands import ls; import ipvsproxy.cli; "
-            "import ipvsproxy.kernel.ipvs; "
-            "print(sorted(m for m in ('dataclasses', 'inspect', 'ast') if m in sys.modules))")
+            "import ipvsproxy.kernel.ipvs, ipvsproxy.kernel.ipvs_dump; "
+            "print(sorted(m for m in ('dataclasses', 'inspect', 'ast', 'socket', 'importlib') "
+            "if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout
     assert out.strip() == "[]"
