@@ -43,7 +43,7 @@ types: venv
 	$(VENV)/bin/mypy
 
 # Fast tests only (no lab boot).
-unit: venv
+unit: venv upstream
 	$(VENV)/bin/pytest -m 'not kernel'
 
 # Lint, types, unit tests and kernel tests (inside the lab), one pytest summary at the end.

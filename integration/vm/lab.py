@@ -181,8 +181,17 @@ def run(
     cwd: Path = PROJECT_ROOT,
     kernel: Kernel | None = None,
     extra_rwdirs: list[Path] | None = None,
+    network: bool = False,
 ) -> LabResult:
-    """Boot the lab kernel, run `command` (bash) in `cwd`, return its output and exit code."""
+    """Boot the lab kernel, run `command` (bash) in `cwd`, return its output and exit code.
+
+    `network`: give the guest a NIC on qemu's user network (slirp), with no address (no
+    DHCP) and its driver (virtio_net, a module) not even loaded: a test that needs it loads it
+    and brings it up with a route to 10.0.2.2 only, which is the host's 127.0.0.1 as the guest
+    sees it (tests/kernel/test_real_apiserver.py reaches the host's API server so). Measured:
+    the boot costs no more, the NIC is up in 0.4 s, a first HTTPS request to the host takes
+    0.4 s (TLS under emulation) and the next ones ~10 ms.
+    """
     kernel = kernel or ensure_kernel()
     vng = _vng()
     with tempfile.TemporaryDirectory(prefix="ipvsproxy-lab-") as wdir:
@@ -198,6 +207,7 @@ def run(
             "--memory", memory, "--cpus", str(cpus),
             "--rwdir", str(w), "--overlay-rwdir", str(cwd), "--cwd", str(cwd),
             *[a for d in (extra_rwdirs or []) for a in ("--rwdir", str(d))],
+            *(["--network", "user", "--no-dhcp"] if network else []),
             "--exec", f"bash {w}/cmd.sh",
         ]
         env = dict(os.environ)
@@ -264,6 +274,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fetch-only", action="store_true", help="only fetch and cache the kernel")
     parser.add_argument("--rwdir", action="append", default=[], type=Path,
                         help="a host folder the guest may write into (writes elsewhere vanish)")
+    parser.add_argument("--network", action="store_true",
+                        help="a NIC on qemu's user network, unconfigured (see run())")
     args = parser.parse_args(argv)
     # SIGTERM (timeout(1), CI cancellation) unwinds like Ctrl-C, so run() kills the guest.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -275,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"lab kernel {kernel.version} cached in {kernel.vmlinuz.parent.parent}")
             return 0
         res = run(" ".join(args.command), timeout=args.timeout, stream=True, kernel=kernel,
-                  extra_rwdirs=[d.resolve() for d in args.rwdir])
+                  extra_rwdirs=[d.resolve() for d in args.rwdir], network=args.network)
     except LabError as exc:
         print(f"lab: {exc}", file=sys.stderr)
         return 3

@@ -47,6 +47,10 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "lab_cost(seconds): about how long this test file runs in the lab guest; "
         "only balances the guests")
+    config.addinivalue_line(
+        "markers", "controlplane: a kernel test that uses the real control plane (etcd and "
+        "kube-apiserver), which the bridge starts on the host and the guest reaches over "
+        "qemu's user network (integration/upstream/controlplane.py)")
     if IN_LAB and config.getoption("--lab-report"):
         config.pluginmanager.register(_GuestRecorder(config), "lab-guest-recorder")
 
@@ -123,6 +127,7 @@ def _run_lab(config: pytest.Config) -> None:
     rootdir = Path(str(config.rootpath))
     tw = config.get_terminal_writer()
     tw.line()
+    control, cp_error = _control_plane(state["kernel_items"], tw)
     tw.line(f"kernel lab: booting {len(shards)} guest(s) to run "
             f"{len(state['kernel_ids'])} kernel test(s) ...", bold=True)
     Result = tuple[Any, str | None, dict[str, Any] | None]  # lab result, error, guest report
@@ -138,9 +143,13 @@ def _run_lab(config: pytest.Config) -> None:
             f"{shlex.quote(sys.executable)} -m pytest -p no:cacheprovider -q -o addopts= "
             f"--lab-report={shlex.quote(str(report))} -m kernel @{shlex.quote(str(argsfile))}"
         )
+        if control is not None:  # the guest finds the host's control plane in its folder
+            info = tmp / "controlplane.json"
+            info.write_text(json.dumps(control[2]))
+            cmd = f"IPVSPROXY_CONTROLPLANE={shlex.quote(str(info))} {cmd}"
         try:
             res = lab.run(cmd, timeout=config.getoption("--lab-timeout"), cwd=rootdir,
-                          extra_rwdirs=[tmp])
+                          extra_rwdirs=[tmp], network=control is not None)
         except lab.LabError as exc:
             results[i] = (None, f"kernel lab could not boot or finish: {exc}", None)
             return
@@ -150,17 +159,22 @@ def _run_lab(config: pytest.Config) -> None:
             return
         results[i] = (res, None, json.loads(report.read_text()))
 
-    with tempfile.TemporaryDirectory(prefix="ipvsproxy-kt-") as tmp:
-        dirs = [Path(tmp) / f"guest{i}" for i in range(len(shards))]
-        threads = []
-        for i, ids in enumerate(shards):
-            dirs[i].mkdir()
-            t = threading.Thread(target=one, args=(i, ids, dirs[i]), daemon=True)
-            t.start()
-            threads.append(t)
-        for t in threads:
-            t.join()
-    state["errors"] = {}
+    try:
+        with tempfile.TemporaryDirectory(prefix="ipvsproxy-kt-") as tmp:
+            dirs = [Path(tmp) / f"guest{i}" for i in range(len(shards))]
+            threads = []
+            for i, ids in enumerate(shards):
+                dirs[i].mkdir()
+                t = threading.Thread(target=one, args=(i, ids, dirs[i]), daemon=True)
+                t.start()
+                threads.append(t)
+            for t in threads:
+                t.join()
+    finally:
+        if control is not None:
+            control[1].shutdown()
+            control[0].close()
+    state["errors"] = dict(cp_error)
     state["outputs"] = {}
     state["meta"] = {"guests": []}
     for ids, (res, error, data) in zip(shards, results, strict=True):
@@ -180,6 +194,32 @@ def _run_lab(config: pytest.Config) -> None:
             tw.line(error, red=True)
         for rep in (data or {}).get("reports", []):
             state["reports"].setdefault(rep["nodeid"], []).append(rep)
+
+
+def _control_plane(items: list[pytest.Item], tw: Any) -> tuple[Any, dict[str, str]]:
+    """For kernel tests marked `controlplane`: etcd and kube-apiserver started on the host
+    before the guests boot (they take ~45 s to start inside the emulated guest, ~4 s here),
+    with the control server the guest uses to stop, start and compact them. Returns
+    ((control plane, control server, what the guest needs), {}), or (None, {nodeid: why})
+    when it cannot start: those tests fail with the reason, the others run."""
+    wanted = [it.nodeid for it in items if it.get_closest_marker("controlplane") is not None]
+    if not wanted:
+        return None, {}
+    from integration.upstream.controlplane import ControlPlane, guest_info, serve_control
+
+    try:
+        cp = ControlPlane()
+    except Exception as exc:  # the binaries are missing: Missing names make setup
+        return None, dict.fromkeys(wanted, f"the real control plane cannot start: {exc}")
+    try:
+        cp.start()
+        server = serve_control(cp)
+    except Exception as exc:
+        cp.close()
+        return None, dict.fromkeys(wanted, f"the real control plane did not start: {exc}")
+    tw.line(f"kernel lab: control plane on the host: etcd {cp.timings['etcd']:.1f}s, "
+            f"kube-apiserver {cp.timings['kube-apiserver']:.1f}s, {cp.url}")
+    return (cp, server, guest_info(cp, server)), {}
 
 
 def _failed(item: pytest.Item, when: Literal["call"], text: str) -> pytest.TestReport:
