@@ -1,5 +1,6 @@
-"""Manifests in every format users have (issue 22): YAML (libyaml's loader, a warned fallback),
-JSON by content whatever the name, JSON streams, kind: List, directories and standard input."""
+"""Manifests in every format users have (issue 22): YAML (kubectl's subset by the fast reader,
+the rest by libyaml's loader, a warned fallback), JSON by content whatever the name, JSON
+streams, kind: List, directories and standard input."""
 
 from __future__ import annotations
 
@@ -66,21 +67,36 @@ def test_errors_name_the_file(tmp_path: Path) -> None:
     with pytest.raises(ManifestError, match=r"bad\.json: invalid JSON"):
         load_objects(str(bad))
     bad_yaml = tmp_path / "bad.yaml"
-    bad_yaml.write_text("a: [\n")
-    with pytest.raises(ManifestError, match=r"bad\.yaml: invalid YAML"):
-        load_objects(str(bad_yaml))
+    for text in ("a: [\n", "metadata:\n  creationTimestamp: 2026-13-45\n"):
+        bad_yaml.write_text(text)
+        with pytest.raises(ManifestError, match=r"bad\.yaml: invalid YAML"):
+            load_objects(str(bad_yaml))
+
+
+def test_kubectls_yaml_is_read_by_the_fast_reader(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """kubectl's layout (here PyYAML's, the same subset) never reaches a YAML library's
+    loader; the documents are those libyaml's loader gives, empty ones dropped."""
+    text = "---\n" + yaml.safe_dump(dump()) + "---\n---\n" + yaml.safe_dump(dump()["items"][0])
+    f = tmp_path / "d.yaml"
+    f.write_text(text)
+    expected = [d for d in yaml.load_all(text, Loader=yaml.CSafeLoader) if d is not None]
+    monkeypatch.setattr(yaml, "load_all", None)
+    assert load_objects(str(f)) == expected == [dump(), dump()["items"][0]]
 
 
 def test_libyaml_is_used_and_its_absence_is_warned_for_large_files(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
         ) -> None:
+    """YAML outside the fast reader's subset (a comment, here) goes to libyaml's loader."""
     assert yaml.__with_libyaml__  # the wheels carry it: a fresh venv must have it
     used: list[Any] = []
     real = yaml.load_all
     monkeypatch.setattr(yaml, "load_all", lambda s, Loader: used.append(Loader) or real(s, Loader))
     f = tmp_path / "d.yaml"
-    f.write_text(yaml.safe_dump(dump()))
-    load_objects(str(f))
+    f.write_text("# kubectl get services,endpointslices,nodes -A -o yaml\n"
+                 + yaml.safe_dump(dump()))
+    assert load_objects(str(f)) == [dump()]
     assert used == [yaml.CSafeLoader]
     monkeypatch.delattr(yaml, "CSafeLoader")
     monkeypatch.setattr(manifests, "SLOW_YAML_BYTES", 10)
