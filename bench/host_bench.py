@@ -6,7 +6,7 @@
   the daemon does it once per object as it arrives, not per sync.
 - Manifests (issue 22): the same 10,000-service dump read by `ipvsproxy.manifests` as YAML
   (as `kubectl get services,endpointslices,nodes -A -o yaml` writes it) and as JSON: the YAML
-  in under 5x the JSON time (libyaml's loader; PyYAML's pure-Python one is shown beside it).
+  in under 5x the JSON time (ipvsproxy/kubeyaml.py; PyYAML's pure-Python loader is shown beside it).
 - Watch throughput: EndpointSlice MODIFIED events per second from a real WATCH (the test API
   server, tests/apiserver.py, in a process of its own, over loopback HTTP) through the official
   client, the reflector and into the store (target >= 20,000/s); and what the test API server
@@ -264,7 +264,7 @@ def main() -> int:
         "linear (<= 1.25)", growth <= 1.25)
     t_json, t_yaml, t_pure, size = manifest_seconds(n, m, args.repeat)
     row(f"manifest {n} svc x {m} ep as JSON", t_json, "s", "-", None)
-    row(f"manifest as YAML ({size / 1e6:.1f} MB, libyaml)", t_yaml, "s", "-", None)
+    row(f"manifest as YAML ({size / 1e6:.1f} MB)", t_yaml, "s", "-", None)
     row("manifest YAML over JSON", t_yaml / t_json, "x", "< 5", t_yaml / t_json < 5)
     row("manifest as YAML with PyYAML's pure-Python loader (before)", t_pure, "s", "-", None)
     rate, got = watch_events_per_second(n, args.events)
