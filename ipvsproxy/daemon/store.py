@@ -26,10 +26,10 @@ from ipvsproxy.core.model import (
     Node,
     Problem,
     Service,
-    parse_endpoint_slice,
     parse_node,
     parse_service,
 )
+from ipvsproxy.core.slices import parse_endpoint_slice
 
 ServiceId = tuple[str, str]  # (namespace, name)
 KINDS = ("Service", "EndpointSlice", "Node")  # each listed once before the first sync

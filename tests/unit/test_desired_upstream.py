@@ -19,7 +19,8 @@ from ipvsproxy.core import tables as T
 from ipvsproxy.core.desired import HostFacts
 from ipvsproxy.core.endpoints import categorize, port_endpoints
 from ipvsproxy.core.ipvs import SVC_F_PERSISTENT
-from ipvsproxy.core.model import parse_endpoint_slice, parse_service
+from ipvsproxy.core.model import parse_service
+from ipvsproxy.core.slices import parse_endpoint_slice
 from tests.unit.kube_objects import (
     addrs,
     chain,

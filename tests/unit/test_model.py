@@ -12,10 +12,10 @@ from hypothesis import strategies as st
 from ipvsproxy.core.model import (
     Proto,
     ServicePort,
-    parse_endpoint_slice,
     parse_node,
     parse_service,
 )
+from ipvsproxy.core.slices import parse_endpoint_slice
 
 
 def svc(spec: dict[str, Any], name: str = "web", **meta: Any) -> dict[str, Any]:

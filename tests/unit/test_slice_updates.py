@@ -21,7 +21,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from kubernetes.watch.watch import iter_resp_lines
 
-from ipvsproxy.core.model import _parse_ip, parse_endpoint_slice
+from ipvsproxy.core.model import _parse_ip
+from ipvsproxy.core.slices import parse_endpoint_slice
 from ipvsproxy.daemon.store import Store
 from ipvsproxy.kube.reflector import _lines
 from tests.unit.kube_objects import NODE, ep
