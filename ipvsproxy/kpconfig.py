@@ -2,11 +2,12 @@
 (kubeproxy.config.k8s.io/v1alpha1, YAML or JSON, as kubeadm keeps it in the kube-system/kube-proxy
 ConfigMap) and turns it into values for the flags of the same meaning.
 
-Owns the file's schema (which fields kube-proxy knows, their types), the table from field to
-flag (`MAPPED`), which fields are reported as not supported and which are ignored silently, and
-the upstream defaulting rules the translation needs. It does not decide anything the flags decide:
-`run._config` puts the values in place of flags left at their defaults (a flag given on the
-command line wins), and `config.from_args` validates the result as for any command line.
+Owns the reading: decoding, type checks against the schema, the translation of each field into
+a flag's value, and the warnings. The schema itself (which fields kube-proxy knows, their types,
+the table from field to flag, which fields are reported as not supported and which are ignored
+silently, the upstream defaults) is data in kpschema.py. It does not decide anything the flags
+decide: `run._config` puts the values in place of flags left at their defaults (a flag given on
+the command line wins), and `config.from_args` validates the result as for any command line.
 
 The upstream sources this follows: staging/src/k8s.io/kube-proxy/config/v1alpha1/types.go (the
 fields), pkg/proxy/apis/config/v1alpha1/defaults.go and conversion.go (defaulting, and which
@@ -51,215 +52,32 @@ import re
 from collections.abc import Hashable
 from ipaddress import ip_address, ip_network
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import yaml
 
 from ipvsproxy.config import ConfigError, duration, parse_bind_address
-
-API_VERSION = "kubeproxy.config.k8s.io/v1alpha1"
-KIND = "KubeProxyConfiguration"
-
-Value = str | int | bool
-# How a field's value is type-checked, as Go's JSON decoder checks the v1alpha1 struct:
-# "object" is a struct (its fields are listed below it), "any" is not checked (opaque subtrees
-# and fields of older kube-proxy versions, which the current decoder does not know either).
-Kind = Literal["str", "bool", "int", "number", "duration", "strings", "boolmap", "object", "any"]
-
-# Every field of v1alpha1 KubeProxyConfiguration (types.go), by path.
-SCHEMA: dict[str, Kind] = {
-    "apiVersion": "str",
-    "kind": "str",
-    "featureGates": "boolmap",
-    "clientConnection": "object",
-    "clientConnection.kubeconfig": "str",
-    "clientConnection.acceptContentTypes": "str",
-    "clientConnection.contentType": "str",
-    "clientConnection.qps": "number",
-    "clientConnection.burst": "int",
-    # component-base LoggingConfiguration; its options are a deep opaque tree
-    "logging": "object",
-    "logging.format": "str",
-    "logging.flushFrequency": "any",  # a duration string or an int of nanoseconds
-    "logging.verbosity": "int",
-    "logging.vmodule": "any",
-    "logging.options": "any",
-    "hostnameOverride": "str",
-    "bindAddress": "str",
-    "healthzBindAddress": "str",
-    "metricsBindAddress": "str",
-    "bindAddressHardFail": "bool",
-    "enableProfiling": "bool",
-    "showHiddenMetricsForVersion": "str",
-    "mode": "str",
-    "iptables": "object",
-    "iptables.masqueradeBit": "int",
-    "iptables.masqueradeAll": "bool",
-    "iptables.localhostNodePorts": "bool",
-    "iptables.snatNodeInternalIP": "bool",
-    "iptables.syncPeriod": "duration",
-    "iptables.minSyncPeriod": "duration",
-    "ipvs": "object",
-    "ipvs.syncPeriod": "duration",
-    "ipvs.minSyncPeriod": "duration",
-    "ipvs.scheduler": "str",
-    "ipvs.excludeCIDRs": "strings",
-    "ipvs.strictARP": "bool",
-    "ipvs.tcpTimeout": "duration",
-    "ipvs.tcpFinTimeout": "duration",
-    "ipvs.udpTimeout": "duration",
-    "nftables": "object",
-    "nftables.masqueradeBit": "int",
-    "nftables.masqueradeAll": "bool",
-    "nftables.syncPeriod": "duration",
-    "nftables.minSyncPeriod": "duration",
-    "winkernel": "object",
-    "winkernel.networkName": "str",
-    "winkernel.sourceVip": "str",
-    "winkernel.enableDSR": "bool",
-    "winkernel.rootHnsEndpointName": "str",
-    "winkernel.forwardHealthCheckVip": "bool",
-    "detectLocalMode": "str",
-    "detectLocal": "object",
-    "detectLocal.bridgeInterface": "str",
-    "detectLocal.interfaceNamePrefix": "str",
-    "clusterCIDR": "str",
-    "nodePortAddresses": "strings",
-    "oomScoreAdj": "int",
-    "conntrack": "object",
-    "conntrack.maxPerCore": "int",
-    "conntrack.min": "int",
-    "conntrack.tcpEstablishedTimeout": "duration",
-    "conntrack.tcpCloseWaitTimeout": "duration",
-    "conntrack.tcpBeLiberal": "bool",
-    "conntrack.udpTimeout": "duration",
-    "conntrack.udpStreamTimeout": "duration",
-    "configSyncPeriod": "duration",
-    "portRange": "str",
-    "windowsRunAsService": "bool",
-    # Removed from kube-proxy but still in files older versions generated (kubeadm <= 1.25
-    # wrote `udpIdleTimeout: 0s`): known here so that a zero value stays quiet.
-    "udpIdleTimeout": "any",
-    "conntrack.max": "any",
-    "resourceContainer": "any",
-}
-
-# The table: KubeProxyConfiguration field -> the argparse dest of the ipvsproxy flag of the same
-# meaning. In IPVS mode kube-proxy takes its sync periods from ipvs.* and masqueradeAll and
-# masqueradeBit from iptables.* (v1alpha1/conversion.go).
-MAPPED: dict[str, str] = {
-    "hostnameOverride": "hostname_override",
-    "clusterCIDR": "cluster_cidr",
-    "healthzBindAddress": "healthz_bind_address",
-    "metricsBindAddress": "metrics_bind_address",
-    "nodePortAddresses": "nodeport_addresses",
-    "iptables.masqueradeAll": "masquerade_all",
-    "iptables.masqueradeBit": "iptables_masquerade_bit",
-    "ipvs.scheduler": "ipvs_scheduler",
-    "ipvs.syncPeriod": "ipvs_sync_period",
-    "ipvs.minSyncPeriod": "ipvs_min_sync_period",
-    "ipvs.excludeCIDRs": "ipvs_exclude_cidrs",
-    "ipvs.strictARP": "ipvs_strict_arp",
-    "ipvs.tcpTimeout": "ipvs_tcp_timeout",
-    "ipvs.tcpFinTimeout": "ipvs_tcpfin_timeout",
-    "ipvs.udpTimeout": "ipvs_udp_timeout",
-    # `run`'s --kubeconfig: kube-proxy uses in-cluster credentials when this is empty, as
-    # ipvsproxy does without the flag.
-    "clientConnection.kubeconfig": "kubeconfig",
-}
-
-# Fields checked by code of their own below (they are not a value for one flag).
-SPECIAL = frozenset({"apiVersion", "kind", "mode", "bindAddress", "detectLocalMode"})
-
-# Fields kube-proxy honours in IPVS mode and ipvsproxy does not: a warning when set.
-UNSUPPORTED: dict[str, str] = {
-    "featureGates": "ipvsproxy has no feature gates",
-    "clientConnection.acceptContentTypes": "ipvsproxy's API client keeps its own settings",
-    "clientConnection.contentType": "ipvsproxy's API client keeps its own settings",
-    "clientConnection.qps": "ipvsproxy's API client keeps its own settings",
-    "clientConnection.burst": "ipvsproxy's API client keeps its own settings",
-    "logging.format": "logging is set by ipvsproxy's --log-format",
-    "logging.flushFrequency": "ipvsproxy's logs are not buffered",
-    "logging.verbosity": "logging is set by ipvsproxy's -v",
-    "logging.vmodule": "logging is set by ipvsproxy's -v",
-    "logging.options": "logging is set by ipvsproxy's --log-format",
-    "enableProfiling": "ipvsproxy serves no /debug/pprof",
-    "showHiddenMetricsForVersion": "ipvsproxy has no hidden metrics",
-    "detectLocal.bridgeInterface": "ipvsproxy tells local traffic by clusterCIDR only",
-    "detectLocal.interfaceNamePrefix": "ipvsproxy tells local traffic by clusterCIDR only",
-    "iptables.snatNodeInternalIP": "ipvsproxy masquerades to the egress interface's address",
-    "oomScoreAdj": "ipvsproxy leaves its OOM score alone",
-    "conntrack.maxPerCore": "ipvsproxy does not tune conntrack",
-    "conntrack.min": "ipvsproxy does not tune conntrack",
-    "conntrack.tcpEstablishedTimeout": "ipvsproxy does not tune conntrack",
-    "conntrack.tcpCloseWaitTimeout": "ipvsproxy does not tune conntrack",
-    "conntrack.tcpBeLiberal": "ipvsproxy does not tune conntrack",
-    "conntrack.udpTimeout": "ipvsproxy does not tune conntrack",
-    "conntrack.udpStreamTimeout": "ipvsproxy does not tune conntrack",
-    "configSyncPeriod": "ipvsproxy's watches have no periodic resync setting",
-    "udpIdleTimeout": "removed from kube-proxy (it was for the userspace mode)",
-    "conntrack.max": "removed from kube-proxy (see conntrack.maxPerCore)",
-    "resourceContainer": "removed from kube-proxy",
-}
-
-# kube-proxy's defaults (defaults.go) of unsupported fields: a file written by
-# `kube-proxy --write-config-to` spells them out, and they are nobody's choice either.
-UPSTREAM_DEFAULTS: dict[str, object] = {
-    "clientConnection.contentType": "application/vnd.kubernetes.protobuf",
-    "clientConnection.qps": 5,
-    "clientConnection.burst": 10,
-    "logging.format": "text",
-    "logging.flushFrequency": "5s",
-    "oomScoreAdj": -999,
-    "conntrack.maxPerCore": 32 * 1024,
-    "conntrack.min": 128 * 1024,
-    "conntrack.tcpEstablishedTimeout": "24h",
-    "conntrack.tcpCloseWaitTimeout": "1h",
-    "configSyncPeriod": "15m",
-    "udpIdleTimeout": "250ms",
-}
-
-# Fields ignored without a word, because kube-proxy in IPVS mode on Linux ignores them too
-# (or because ipvsproxy already behaves as they ask).
-IGNORED: dict[str, str] = {
-    "iptables.syncPeriod": "IPVS mode syncs on ipvs.syncPeriod",
-    "iptables.minSyncPeriod": "IPVS mode syncs on ipvs.minSyncPeriod",
-    "iptables.localhostNodePorts": "iptables mode only",
-    "nftables.masqueradeBit": "nftables mode only",
-    "nftables.masqueradeAll": "nftables mode only",
-    "nftables.syncPeriod": "nftables mode only",
-    "nftables.minSyncPeriod": "nftables mode only",
-    "winkernel.networkName": "Windows only",
-    "winkernel.sourceVip": "Windows only",
-    "winkernel.enableDSR": "Windows only",
-    "winkernel.rootHnsEndpointName": "Windows only",
-    "winkernel.forwardHealthCheckVip": "Windows only",
-    "windowsRunAsService": "Windows only",
-    "portRange": "unused since the userspace mode was removed",
-    "bindAddressHardFail": "ipvsproxy always exits when it cannot listen",
-}
-
-# Where healthz and metrics listen when the file leaves them empty (defaults.go
-# getDefaultAddresses: by the family of bindAddress) and the port a bare IP gets.
-_HEALTHZ = ("0.0.0.0", "[::]", 10256)
-_METRICS = ("127.0.0.1", "[::1]", 10249)
-_DETECT_LOCAL_MODES = ("ClusterCIDR", "NodeCIDR", "BridgeInterface", "InterfaceNamePrefix")
-# nodePortAddresses keywords (types.go): 'primary' is ipvsproxy's own "primary" flag value;
-# the others expand to the CIDRs they stand for.
-_NODEPORT_KEYWORDS = {"all": ("0.0.0.0/0", "::/0"), "localhost": ("127.0.0.0/8", "::1/128")}
+from ipvsproxy.kpschema import (
+    API_VERSION,
+    DETECT_LOCAL_MODES,
+    HEALTHZ,
+    KIND,
+    KIND_TEXT,
+    MAPPED,
+    METRICS,
+    NODEPORT_KEYWORDS,
+    SCHEMA,
+    UNSUPPORTED,
+    UPSTREAM_DEFAULTS,
+    Kind,
+    Value,
+)
 
 # Go's time.ParseDuration: an optional sign, then number-unit pairs, or a bare "0".
 _GO_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0,
              "h": 3600.0}
 _GO_PART = r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h)"
 _GO_DURATION = re.compile(rf"[-+]?(?:0|(?:{_GO_PART})+)")
-
-_KIND_TEXT: dict[str, str] = {
-    "str": "a string", "bool": "true or false", "int": "an integer", "number": "a number",
-    "duration": 'a duration string such as "30s" or "1m0s"', "strings": "a list of strings",
-    "boolmap": "a map of names to true or false", "object": "a mapping",
-}
-
 
 def defaults_from_file(path: str) -> tuple[dict[str, Value], list[str]]:
     """The flag values (by argparse dest) a KubeProxyConfiguration file sets, and warnings about
@@ -309,8 +127,8 @@ class _File:
         if v6:
             # An empty healthz/metrics address is upstream's default, whose family follows
             # bindAddress (defaults.go getDefaultAddresses): on an IPv6 one it is not ipvsproxy's.
-            for dest, (_, host, port) in (("healthz_bind_address", _HEALTHZ),
-                                          ("metrics_bind_address", _METRICS)):
+            for dest, (_, host, port) in (("healthz_bind_address", HEALTHZ),
+                                          ("metrics_bind_address", METRICS)):
                 self.values.setdefault(dest, f"{host}:{port}")
         for field, why in UNSUPPORTED.items():
             if field in self.fields and self.chosen(field):
@@ -370,7 +188,7 @@ class _File:
 
     def check_type(self, field: str, kind: Kind, value: Any) -> None:
         if not _type_ok(kind, value):
-            raise self.error(field, f"expected {_KIND_TEXT[kind]}, got {_show(value)}")
+            raise self.error(field, f"expected {KIND_TEXT[kind]}, got {_show(value)}")
         if kind == "strings":
             for i, item in enumerate(value):
                 if not isinstance(item, str):
@@ -442,11 +260,11 @@ class _File:
             return "primary"
         out: list[str] = []
         for i, item in enumerate(items):
-            if item in _NODEPORT_KEYWORDS:
+            if item in NODEPORT_KEYWORDS:
                 if item == "localhost":
                     self.warn(field, "'localhost': NodePorts are not served on loopback "
                                      "addresses in IPVS mode (kube-proxy does not either)")
-                out.extend(_NODEPORT_KEYWORDS[item])
+                out.extend(NODEPORT_KEYWORDS[item])
                 continue
             try:
                 ip_network(item.strip(), strict=False)
@@ -460,7 +278,7 @@ class _File:
     def bind_address(self, field: str, text: str) -> str:
         """IP:PORT as kube-proxy's defaulting makes it: a bare IP gets the default port
         (defaults.go, proxyutil.AppendPortIfNeeded); the flag's own parser checks the rest."""
-        port = _HEALTHZ[2] if field == "healthzBindAddress" else _METRICS[2]
+        port = HEALTHZ[2] if field == "healthzBindAddress" else METRICS[2]
         try:
             host, number = parse_bind_address(text, port)
             if not host or not number:  # the file must name both (validation.go validateHostPort)
@@ -494,9 +312,9 @@ class _File:
         mode = self.fields.get("detectLocalMode", "")
         if mode in ("", "ClusterCIDR"):
             return
-        if mode not in _DETECT_LOCAL_MODES:
+        if mode not in DETECT_LOCAL_MODES:
             raise self.error("detectLocalMode",
-                             f"{mode!r} is not one of {', '.join(_DETECT_LOCAL_MODES)}")
+                             f"{mode!r} is not one of {', '.join(DETECT_LOCAL_MODES)}")
         self.warn("detectLocalMode", f"{mode!r} is not supported: ipvsproxy tells local traffic "
                                      "by clusterCIDR (as detectLocalMode: ClusterCIDR)")
 

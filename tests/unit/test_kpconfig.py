@@ -17,15 +17,14 @@ import yaml
 
 from ipvsproxy.commands import run
 from ipvsproxy.config import Config, ConfigError, add_daemon_flags, add_proxy_flags
-from ipvsproxy.kpconfig import (
+from ipvsproxy.kpconfig import defaults_from_file, go_duration
+from ipvsproxy.kpschema import (
     IGNORED,
     MAPPED,
     SCHEMA,
     SPECIAL,
     UNSUPPORTED,
     UPSTREAM_DEFAULTS,
-    defaults_from_file,
-    go_duration,
 )
 
 # config.conf of the kube-system/kube-proxy ConfigMap as kubeadm (1.29-1.31) writes it, with
