@@ -40,7 +40,7 @@ from ipvsproxy.core.ipvs import (
 )
 from ipvsproxy.kernel import ipvs_codec as c
 from ipvsproxy.kernel import ipvs_dump
-from ipvsproxy.kernel.ipvs_shapes import DumpDecoder
+from ipvsproxy.kernel.ipvs_decoder import DumpDecoder
 
 _NO_STATS = Stats()
 

@@ -1,25 +1,22 @@
-"""IPVS dumps decoded fast: message layouts learned from the generic decoder (ipvs_codec).
+"""The learned layouts of IPVS dump messages: one DestShape or ServiceShape reads a whole
+real-server or virtual-server message with one struct.Struct.
 
 Every real server (and every virtual server with the same scheduler name) comes back from the
-kernel in the same attribute layout (ip_vs_ctl.c ip_vs_genl_fill_dest / _fill_service), and
-one receive buffer holds many such messages back to back. A Shape (netlink_shape.py) is
-learned from a message the generic decoder accepted: one struct.Struct reads the values of a
-whole message, and struct.iter_unpack reads a run of same-length messages in one C call. A
-message goes through a Shape only if its length, type, every attribute header and its address
-family equal the learned ones (checked for a whole run at once) and its sequence number is the
-request's; any other message goes through the generic decoder, which then learns its shape.
-Values become NamedTuples straight from the unpacked tuple (tuple.__new__, no Python-level
-constructor), and real servers with the same address share one address object
-(ipvs_addrs.py). Tested against the generic decoder in tests/unit/test_ipvs_codec.py.
+kernel in the same attribute layout (ip_vs_ctl.c ip_vs_genl_fill_dest / _fill_service). A Shape
+(netlink_shape.py) is learned from a message the generic decoder (ipvs_codec) accepted, and
+struct.iter_unpack then reads a run of same-length messages in one C call. A message goes
+through a Shape only if its length, type, every attribute header and its address family equal
+the learned ones (checked for a whole run at once). Values become NamedTuples straight from the
+unpacked tuple (tuple.__new__, no Python-level constructor), and real servers with the same
+address share one address object (ipvs_addrs.py). Walking the receive buffers and choosing a
+shape or the generic decoder for each message is ipvs_decoder.py's.
 """
 
 from __future__ import annotations
 
-from _socket import htonl, ntohl, ntohs  # (not socket: see core/ipvs.py AF_INET)
-from collections.abc import Callable, Iterable, Sequence
-from ipaddress import IPv4Address, IPv6Address
-from itertools import chain, repeat
-from typing import Any, TypeVar
+from _socket import ntohl, ntohs  # (not socket: see core/ipvs.py AF_INET)
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
 
 from ipvsproxy.core.ipvs import (
     AF_INET6,
@@ -34,9 +31,8 @@ from ipvsproxy.core.ipvs import (
     Stats,
     VirtualServer,
 )
-from ipvsproxy.kernel.ipvs_addrs import Addrs, ipv4_number
+from ipvsproxy.kernel.ipvs_addrs import Addrs
 from ipvsproxy.kernel.ipvs_codec import (
-    _HDR,
     _NLA,
     _U16,
     _U32,
@@ -57,8 +53,6 @@ from ipvsproxy.kernel.ipvs_codec import (
     D_TUN_TYPE,
     D_UTHRESH,
     D_WEIGHT,
-    NLMSG_DONE,
-    NLMSG_ERROR,
     S_ADDR,
     S_AF,
     S_FLAGS,
@@ -72,16 +66,14 @@ from ipvsproxy.kernel.ipvs_codec import (
     S_STATS64,
     S_TIMEOUT,
     DecodeError,
-    decode_dest,
-    decode_service,
-    error_code,
 )
 from ipvsproxy.kernel.netlink_shape import Shape, fixed, walk
 
-_T = TypeVar("_T")
-
 _NESTS = {(A_SERVICE,), (A_DEST,), (A_SERVICE, S_STATS), (A_SERVICE, S_STATS64),
           (A_DEST, D_STATS), (A_DEST, D_STATS64)}
+
+if TYPE_CHECKING:
+    from ipvsproxy.kernel.ipvs_decoder import DumpDecoder  # a type only: it imports this module
 
 
 _FWDS = FWD_BY_CODE
@@ -187,7 +179,7 @@ _LISTING_ROWS = """def rows(values, append):
 """
 
 
-class _DestShape:
+class DestShape:
     __slots__ = ("_rows", "addr_word", "listing", "shape")
 
     def __init__(self, msg: memoryview, svc_af: int) -> None:
@@ -245,7 +237,7 @@ class _DestShape:
         rows(self.shape.st.iter_unpack(run), out.append, dec.addrs)
 
 
-class _ServiceShape:
+class ServiceShape:
     __slots__ = ("af", "fields", "netmask", "pad", "shape", "stats")
 
     def __init__(self, msg: memoryview) -> None:
@@ -319,171 +311,3 @@ class _ServiceShape:
                         _NO_STATS if stats is None else _new(Stats, stats(v))))
             done += 1
         return done * shape.size
-
-
-class DumpDecoder:
-    """Decodes the receive buffers of dumps through learned shapes, else the generic decoder.
-
-    One per client. Address objects are shared within a dump and with the dump before it (a
-    node's pods serve many services); new_dump() starts a dump, so the cache never holds more
-    than two dumps' addresses.
-    """
-
-    def __init__(self) -> None:
-        self._dest_shapes: dict[int, dict[int, list[_DestShape]]] = {}  # service af, length
-        self._service_shapes: dict[int, list[_ServiceShape]] = {}
-        # An address as a shape reads it (a native u32 for IPv4, 16 bytes for IPv6) -> its object
-        self.addrs = Addrs()
-        self.names: dict[bytes, str] = {}
-
-    def new_dump(self, reuse: Iterable[IPv4Address | IPv6Address] = ()) -> None:
-        """A new dump starts. `reuse`: address objects it should hand out for these addresses
-        (the desired state's: the observed values then hold the very objects they are compared
-        with, equal by identity instead of through IPv4Address.__eq__, and none is made anew)."""
-        before = self.addrs
-        before.before = {}  # one dump back only
-        self.addrs = Addrs(before)
-        # All in C, repeats included (the dict keeps one of each): hashing 180,000 addresses
-        # into a set first, through IPv4Address.__hash__, took longer than the rest.
-        v4: list[IPv4Address] = list(filter(IPv4Address.__instancecheck__, reuse))  # type: ignore[arg-type]
-        self.addrs.update(zip(map(htonl, map(ipv4_number, v4)), v4, strict=True))
-
-    def name(self, raw: bytes) -> str:
-        """A scheduler or persistence-engine name attribute as the generic decoder reads it."""
-        name = self.names[raw] = raw.split(b"\0", 1)[0].decode(errors="replace")
-        return name
-
-    def _walk(self, buf: memoryview, seq: int, out: list[Any], stats: bool,
-              shapes: dict[int, list[Any]], generic: Callable[[memoryview], Any],
-              learn: Callable[[memoryview], Any]) -> int | None:
-        """Decode one receive buffer of dump `seq` into out: each message by a learned shape
-        of its length, else by `generic` (whose layout is then learned).
-
-        None: the dump goes on; 0: it is done; otherwise the errno the kernel answered."""
-        end, off = len(buf), 0
-        while off + 16 <= end:
-            for shape in shapes.get(_U32.unpack_from(buf, off)[0], ()):
-                got = shape.decode(buf, off, end, seq, out, self, stats)
-                if got:
-                    off += got
-                    break
-            else:
-                msg, mtype, mseq = _message_at(buf, off, end)
-                if mseq == seq:
-                    if mtype in (NLMSG_DONE, NLMSG_ERROR):
-                        return error_code(msg[16:]) if mtype == NLMSG_ERROR else 0
-                    out.append(generic(msg[16:]))
-                    learned = _learn(learn, msg)
-                    if learned is not None:
-                        shapes.setdefault(len(msg), []).append(learned)
-                off += (len(msg) + 3) & ~3
-        if off < end:
-            _trailing(buf, off, end)
-        return None
-
-    def dests(self, buf: memoryview, seq: int, svc_af: int, out: list[ObservedDest],
-              stats: bool = True) -> int | None:
-        """Decode one receive buffer of the GET_DEST dump `seq` into out (see _walk)."""
-        shapes = self._dest_shapes.setdefault(svc_af, {})
-
-        def generic(payload: memoryview) -> ObservedDest:
-            od = decode_dest(payload, svc_af)
-            return od if stats else od._replace(stats=_NO_STATS)
-
-        return self._walk(buf, seq, out, stats, shapes, generic,
-                          lambda msg: _DestShape(msg, svc_af))
-
-    def many_dests(self, replies: Sequence[tuple[int, list[bytes], int | None]], svc_af: int,
-                   stats: bool = True) -> list[tuple[ObservedDest, ...]] | None:
-        """The real servers of many GET_DEST dumps (seq, data buffers, how it ended: see
-        ipvs_dump.read_dump) of services of one family, in one pass: when every message of them
-        has one learned shape and its dump's sequence number, and every dump ended with an
-        NLMSG_DONE of its own. That is the steady state of a dump; it saves the per-dump
-        checks and calls, a third of the decoding at ten real servers a service. None: not so;
-        decode them one by one with dests()."""
-        found = self._bulk(replies, svc_af)
-        if found is None:
-            return None
-        shape, blob, counts = found
-        if shape is None:
-            return [() for _ in replies]
-        size = shape.shape.size
-        if shape.addr_word is not None:
-            self.addrs.add_ipv4(blob.cast("I")[shape.addr_word::size >> 2].tolist())
-        flat: list[ObservedDest] = []
-        shape.rows(blob, flat, self, stats)
-        return [tuple(part) for part in _split(flat, counts)]
-
-    def many_listing_rows(self, replies: Sequence[tuple[int, list[bytes], int | None]],
-                          svc_af: int) -> list[list[tuple[int, ...]]] | None:
-        """What the plain `ls -Ln` listing prints of the real servers of many dumps, as
-        many_dests() would find them, without building them: per real server (address as a
-        host-order integer, port, forwarding method in the low 3 bits, weight, active and
-        inactive connections). For IPv4 real servers only; None as many_dests() (or IPv6)."""
-        found = self._bulk(replies, svc_af)
-        if found is None:
-            return None
-        shape, blob, counts = found
-        if shape is None:
-            return [[] for _ in replies]
-        if shape.listing is None:
-            return None
-        flat: list[tuple[int, ...]] = []
-        shape.listing(shape.shape.st.iter_unpack(blob), flat.append)
-        return _split(flat, counts)
-
-    def _bulk(self, replies: Sequence[tuple[int, list[bytes], int | None]], svc_af: int
-              ) -> tuple[_DestShape | None, memoryview, list[int]] | None:
-        """The learned shape, joined data and message counts of many dumps (see many_dests);
-        (None, ...) when they hold no real server at all; None when they can't be read at once."""
-        if any(end != 0 for _, _, end in replies):
-            return None
-        blob = memoryview(b"".join([b for _, bufs, _ in replies for b in bufs]))
-        if not blob:
-            return None, blob, [0] * len(replies)
-        for shape in self._dest_shapes.get(svc_af, {}).get(_U32.unpack_from(blob)[0], ()):
-            size = shape.shape.size
-            counts = [sum(map(len, bufs)) // size for _, bufs, _ in replies]
-            if sum(counts) * size != len(blob) or not shape.shape.covers(blob):
-                continue
-            want = list(chain.from_iterable(map(repeat, [q for q, _, _ in replies], counts)))
-            if blob.cast("I")[2::size >> 2].tolist() != want:
-                return None
-            return shape, blob, counts
-        return None
-
-    def services(self, buf: memoryview, seq: int, out: list[tuple[VirtualServer, Stats]],
-                 stats: bool = True) -> int | None:
-        """Decode one receive buffer of the GET_SERVICE dump `seq` into out (see _walk)."""
-        def generic(payload: memoryview) -> tuple[VirtualServer, Stats]:
-            vs, st = decode_service(payload)
-            return vs, st if stats else _NO_STATS
-
-        return self._walk(buf, seq, out, stats, self._service_shapes, generic, _ServiceShape)
-
-
-def _learn(make: Callable[..., _T], *args: Any) -> _T | None:
-    try:
-        return make(*args)
-    except DecodeError:  # an odd message: it stays on the generic path
-        return None
-
-
-def _split(flat: list[_T], counts: Sequence[int]) -> list[list[_T]]:
-    out, at = [], 0
-    for n in counts:
-        out.append(flat[at:at + n])
-        at += n
-    return out
-
-
-def _message_at(buf: memoryview, off: int, end: int) -> tuple[memoryview, int, int]:
-    length, mtype, _flags, seq, _pid = _HDR.unpack_from(buf, off)
-    if length < 16 or off + length > end:
-        raise DecodeError(f"netlink message length {length} at offset {off} overruns {end}")
-    return buf[off:off + length], mtype, seq
-
-
-def _trailing(buf: memoryview, off: int, end: int) -> None:
-    if any(buf[off:end]):
-        raise DecodeError(f"{end - off} trailing bytes after the last netlink message")

@@ -1,5 +1,5 @@
 """The IPVS netlink codec, byte for byte against pyroute2's own encoder and decoder, and the
-fast dump decoder (ipvs_shapes) against the generic one.
+fast dump decoder (ipvs_decoder, ipvs_shapes) against the generic one.
 
 pyroute2 (ipvsmsg) is the reference: for random services and real servers our request bytes
 must equal the bytes pyroute2 produces for the same attributes, and our decoder must read
@@ -35,8 +35,8 @@ from ipvsproxy.core.ipvs import (
 )
 from ipvsproxy.kernel import ipvs_addrs
 from ipvsproxy.kernel import ipvs_codec as c
-from ipvsproxy.kernel import ipvs_shapes as shapes
 from ipvsproxy.kernel.ipvs import encode_op
+from ipvsproxy.kernel.ipvs_decoder import DumpDecoder
 
 FAMILY = 0x25
 SCHEDULERS = ["rr", "wrr", "lc", "wlc", "sh", "mh", "dh", "sed", "nq", "lblc", "lblcr", "fo", "ovf"]
@@ -248,14 +248,14 @@ def _generic(buf: bytes, decode: Callable[[memoryview], Any]) -> list[Any]:
             if s == SEQ and t not in (c.NLMSG_DONE, c.NLMSG_ERROR)]
 
 
-def _fast_dests(dec: shapes.DumpDecoder, buf: bytes, af: int = AF_INET,
+def _fast_dests(dec: DumpDecoder, buf: bytes, af: int = AF_INET,
                 stats: bool = True) -> tuple[list[ObservedDest], int | None]:
     out: list[ObservedDest] = []
     got = dec.dests(memoryview(buf), SEQ, af, out, stats)
     return out, got
 
 
-def _fast_services(dec: shapes.DumpDecoder, buf: bytes,
+def _fast_services(dec: DumpDecoder, buf: bytes,
                    stats: bool = True) -> tuple[list[tuple[VirtualServer, Stats]], int | None]:
     out: list[tuple[VirtualServer, Stats]] = []
     got = dec.services(memoryview(buf), SEQ, out, stats)
@@ -323,7 +323,7 @@ def test_kernel_layout_helper_matches_the_captured_message() -> None:
 @settings(max_examples=200, deadline=None)
 @given(st.lists(dests(), min_size=1, max_size=6), st.integers(0, 2**32 - 1))
 def test_fast_dest_decoder_equals_generic(rss: list[RealServer], active: int) -> None:
-    dec = shapes.DumpDecoder()
+    dec = DumpDecoder()
     buf = b"".join(_dest_msg(rs, active) for rs in rss)
     for _ in range(2):  # the second round goes through learned shapes
         got, done = _fast_dests(dec, buf)
@@ -342,7 +342,7 @@ def test_fast_dest_decoder_equals_generic(rss: list[RealServer], active: int) ->
                 min_size=1, max_size=12))
 def test_fast_dest_decoder_reads_the_kernel_layout(
         rows: list[tuple[IPv4Address | IPv6Address, int, int, int, int]]) -> None:
-    dec = shapes.DumpDecoder()
+    dec = DumpDecoder()
     buf = b"".join(_kernel_dest(a.packed, 10 if a.version == 6 else 2, p, f, w, n)
                    for a, p, f, w, n in rows)
     want = _generic(buf, lambda p: c.decode_dest(p, AF_INET))
@@ -352,7 +352,7 @@ def test_fast_dest_decoder_reads_the_kernel_layout(
 
 
 def test_fast_dest_decoder_runs_through_the_captured_kernel_message() -> None:
-    dec = shapes.DumpDecoder()
+    dec = DumpDecoder()
     want = c.decode_dest(memoryview(KERNEL_DEST)[16:], AF_INET)
     assert str(want.dest.key) == "10.244.63.71:8080" and want.dest.weight == 1
     for _ in range(2):
@@ -361,7 +361,7 @@ def test_fast_dest_decoder_runs_through_the_captured_kernel_message() -> None:
 
 
 def test_fast_decoder_falls_back_on_a_different_shape() -> None:
-    dec = shapes.DumpDecoder()
+    dec = DumpDecoder()
     rs = RealServer(DestKey(IPv4Address("10.0.0.1"), 80), weight=5)
     full = [*_pr_dest(rs), ("IPVS_DEST_ATTR_STATS64", STATS64)]
     # same length, different attribute order: the shape check must catch it
@@ -374,7 +374,7 @@ def test_fast_decoder_falls_back_on_a_different_shape() -> None:
 
 
 def test_fast_decoder_skips_other_sequence_numbers_and_reports_errors() -> None:
-    dec = shapes.DumpDecoder()
+    dec = DumpDecoder()
     a = RealServer(DestKey(IPv4Address("10.0.0.1"), 80))
     b = RealServer(DestKey(IPv4Address("10.0.0.2"), 80))
     buf = _dest_msg(a, 1) + _dest_msg(b, 2, seq=SEQ + 1) + _dest_msg(a, 3)
@@ -392,7 +392,7 @@ def _with_seq(msg: bytes, seq: int) -> bytes:
     return msg[:8] + struct.pack("=I", seq) + msg[12:]
 
 
-def _one_by_one(dec: shapes.DumpDecoder, replies: list[tuple[int, list[bytes], int | None]],
+def _one_by_one(dec: DumpDecoder, replies: list[tuple[int, list[bytes], int | None]],
                 af: int = AF_INET, stats: bool = True) -> list[tuple[ObservedDest, ...]]:
     out = []
     for seq, bufs, _end in replies:
@@ -421,7 +421,7 @@ def test_many_dumps_at_once_equal_one_by_one(services: list[list[Any]], seq0: in
                 for a, p, f, w, n in rows]
         bufs = [b"".join(msgs[j:j + per_buf]) for j in range(0, len(msgs), per_buf)]
         replies.append((seq0 + i, bufs, 0))
-    dec = shapes.DumpDecoder()
+    dec = DumpDecoder()
     want = _one_by_one(dec, replies, stats=stats)  # (and the layout is learned)
     assert [len(d) for d in want] == [len(rows) for rows in services]
     assert dec.many_dests(replies, AF_INET, stats) == want
@@ -439,7 +439,7 @@ def test_many_dumps_at_once_fall_back_to_one_by_one() -> None:
         return _with_seq(_kernel_dest(IPv4Address(0x0A000000 + i).packed, AF_INET, 80, 0, 1, i),
                          seq)
 
-    dec = shapes.DumpDecoder()
+    dec = DumpDecoder()
     good = [(10, [dest(1, 10) + dest(2, 10)], 0), (11, [dest(3, 11)], 0)]
     assert dec.many_dests(good, AF_INET) is None  # nothing learned yet
     assert dec.many_listing_rows(good, AF_INET) is None
@@ -465,7 +465,7 @@ def test_a_dump_shares_address_objects_with_the_dump_before() -> None:
         return _with_seq(_kernel_dest(IPv4Address(0x0A000000 + i).packed, AF_INET, 80, 0, 1, 0),
                          seq)
 
-    dec = shapes.DumpDecoder()
+    dec = DumpDecoder()
     first = [(10, [dest(0, 10)], 0), (11, [dest(1, 11) + dest(2, 11)], 0)]
     _one_by_one(dec, first[:1])
     got = dec.many_dests(first[1:], AF_INET)
@@ -490,7 +490,7 @@ def test_a_dump_hands_out_the_address_objects_it_is_given() -> None:
     def dest(addr: IPv4Address, seq: int) -> bytes:
         return _with_seq(_kernel_dest(addr.packed, AF_INET, 80, 0, 1, 0), seq)
 
-    dec = shapes.DumpDecoder()
+    dec = DumpDecoder()
     dec.new_dump(reuse=[mine, None, mine, IPv6Address("fd00::1")])  # as dataplane gives it
     one = _one_by_one(dec, [(10, [dest(IPv4Address("10.0.0.1"), 10) + dest(mine, 10)], 0)])
     assert one[0][1].dest.key.addr is mine
@@ -500,7 +500,7 @@ def test_a_dump_hands_out_the_address_objects_it_is_given() -> None:
 
 
 def test_covers_checks_every_message_of_a_long_run() -> None:
-    dec = shapes.DumpDecoder()
+    dec = DumpDecoder()
     msgs = [_kernel_dest(IPv4Address(0x0A000000 + i).packed, AF_INET, 80, 0, 1, 0)
             for i in range(200)]
     _one_by_one(dec, [(SEQ, [msgs[0]], 0)])
@@ -520,7 +520,7 @@ def test_covers_checks_every_message_of_a_long_run() -> None:
 @settings(max_examples=200, deadline=None)
 @given(st.lists(services(), min_size=1, max_size=8))
 def test_fast_service_decoder_equals_generic(vss: list[VirtualServer]) -> None:
-    dec = shapes.DumpDecoder()
+    dec = DumpDecoder()
     msgs = [_msg(4, [("IPVS_CMD_ATTR_SERVICE",
                       {"attrs": [*_pr_service(vs), ("IPVS_SVC_ATTR_STATS64", STATS64)]})])
             for vs in vss]
@@ -534,7 +534,7 @@ def test_fast_service_decoder_equals_generic(vss: list[VirtualServer]) -> None:
 
 
 def test_fast_service_decoder_reads_the_captured_kernel_message() -> None:
-    dec = shapes.DumpDecoder()
+    dec = DumpDecoder()
     want = c.decode_service(memoryview(KERNEL_SERVICE)[16:])
     assert str(want[0].key) == "UDP 10.96.6.83:82" and want[0].scheduler == "rr"
     for _ in range(2):
