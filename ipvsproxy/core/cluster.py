@@ -16,10 +16,10 @@ from ipvsproxy.core.model import (
     Node,
     Problem,
     Service,
-    parse_endpoint_slice,
     parse_node,
     parse_service,
 )
+from ipvsproxy.core.slices import parse_endpoint_slice
 
 
 @dataclass(frozen=True, slots=True)

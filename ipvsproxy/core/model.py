@@ -4,7 +4,7 @@ from API JSON into them.
 This module owns the values, the label and annotation names, the field helpers every parser
 shares (`_meta`, `_ip` and its address cache, ...), and the Service and Node parsers. The
 EndpointSlice parser, the hot watch path with its sharing of unchanged parts, is in
-core/slices.py (re-exported here as `parse_endpoint_slice`).
+core/slices.py.
 
 Only the fields the proxy needs are kept. Parsing never raises on bad cluster data: an invalid
 object (or an invalid part of one, such as one bad port) becomes a `Problem` naming the object
@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network, ip_address, ip_network
 from socket import AF_INET, AF_INET6, inet_ntop, inet_pton
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 from ipvsproxy.core.validate import (
     is_dns1035_label,
@@ -234,10 +234,6 @@ def _list(v: Any) -> list[Any]:
     return v if isinstance(v, list) else []
 
 
-def _bool_or(v: Any, default: bool) -> bool:
-    return v if isinstance(v, bool) else default
-
-
 SCHED_FLAG_BITS = {"sh-fallback": 0x8, "mh-fallback": 0x8, "flag-1": 0x8, "sh-port": 0x10,
                    "mh-port": 0x10, "flag-2": 0x10, "flag-3": 0x20}
 SCHEDULER_NAME_MAX = 15  # IP_VS_SCHEDNAME_MAXLEN - 1: longer names fail netlink validation
@@ -415,17 +411,3 @@ def parse_node(obj: Mapping[str, Any]) -> tuple[Node | None, list[Problem]]:
     deleting = bool(meta.get("deletionTimestamp")) or any(
         isinstance(t, _MAP) and t.get("key") == TAINT_TO_BE_DELETED for t in taints)
     return Node(name, labels.get(LABEL_ZONE, ""), tuple(addrs), deleting, labels), []
-
-
-# parse_endpoint_slice lives in core/slices.py, which imports the values above; a plain import
-# here would be circular whenever slices.py is imported first, so the name is resolved on use.
-if TYPE_CHECKING:
-    from ipvsproxy.core.slices import parse_endpoint_slice as parse_endpoint_slice
-
-
-def __getattr__(name: str) -> Any:
-    if name == "parse_endpoint_slice":
-        from ipvsproxy.core.slices import parse_endpoint_slice
-
-        return parse_endpoint_slice
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
