@@ -248,16 +248,15 @@ class _Builder:
                     "Service", svc.namespace, svc.name,
                     f"{fe.kind} {key} is the ClusterIP of {held}; ignored"))
                 continue
-            if key in self.services:
+            again = key in self.services
+            if again and (self.claims[key] != svc.key or fe.kind in ("cluster-ip",
+                                                                     "node-port")):
                 if self.claims[key] != svc.key:
                     self.contested.add(key)
                 self.problems.append(Problem(
                     "Service", svc.namespace, svc.name,
                     f"{fe.kind} {key} is already used by {self.owners[key]}; ignored"))
                 continue
-            vs = VirtualServer(key, sched, flags, svc.affinity_timeout,
-                               -1 if not svc.affinity_timeout else
-                               (0xFFFFFFFF if self.family == 4 else 128))
             entry = ip_port_entry(fe.addr, proto, fe.port)
             eps = cat.cluster
             if fe.local_policy and cat.local:
@@ -266,13 +265,18 @@ class _Builder:
                 # Deliberate difference: outside clients are dropped (as kube-proxy's iptables
                 # mode does); the node and its pods still reach the cluster endpoints.
                 add(T.EXT_NO_LOCAL, entry)
-            self.services[key] = vs
-            self.owners[key] = owner
-            self.claims[key] = svc.key
-            self.acc.keys.append(key)
-            if eps is not last_eps:  # a port's frontends mostly share one endpoint list
-                last_eps, last_rs = eps, _real_servers(eps)
-            self.dests[key] = last_rs
+            if not again:
+                # An address that is this Service's externalIP and LB ingress IP is one virtual
+                # server with both roles: the sets and firewall of each (as kube-proxy has it)
+                self.services[key] = VirtualServer(
+                    key, sched, flags, svc.affinity_timeout,
+                    -1 if not svc.affinity_timeout else (0xFFFFFFFF if self.family == 4 else 128))
+                self.owners[key] = owner
+                self.claims[key] = svc.key
+                self.acc.keys.append(key)
+                if eps is not last_eps:  # a port's frontends mostly share one endpoint list
+                    last_eps, last_rs = eps, _real_servers(eps)
+                self.dests[key] = last_rs
             add(T.OWNED, entry)
             if fe.bind:
                 self.bound.add(fe.addr)
@@ -417,7 +421,7 @@ def _compute_desired(snap: Snapshot, host: HostFacts, cfg: Config) -> Desired:
             slices = by_svc.get((svc.namespace, svc.name), [])
             for sp in svc.ports:
                 eps = port_endpoints(slices, sp, family, cfg.hostname)
-                cat = categorize(eps, svc, sp, zone, family)
+                cat = categorize(eps, svc, sp, zone, family, cfg.hostname)
                 local = [(e.addr, e.port) for e in eps if e.local]
                 b.add_port(svc, sp, cat, local)
         fam_sets, fam_rules = b.finish()

@@ -2,7 +2,7 @@
 
 Mirrors kube-proxy's endpointslicecache.go (merge: port matched by name and protocol, one entry
 per ip:port, a local duplicate wins) and pkg/proxy/topology.go CategorizeEndpoints (ready
-endpoints, topology by zone hints, the serving-and-terminating fallback, local lists).
+endpoints, topology by node and zone hints, the serving-and-terminating fallback, local lists).
 Pure functions over core.model values.
 """
 
@@ -31,6 +31,7 @@ class Ep(NamedTuple):
     local: bool
     zones: frozenset[str]
     has_hints: bool
+    nodes: frozenset[str]
 
     @property
     def serving_terminating(self) -> bool:
@@ -56,7 +57,7 @@ def port_endpoints(slices: Sequence[EndpointSlice], sp: ServicePort, family: int
             # endpointslicecache.go addEndpoints: first one wins, unless a later one is local
             if key not in found or local:
                 found[key] = Ep(e.addr, port, sl.weight, e.ready, e.serving, e.terminating,
-                                local, e.zone_hints, e.has_hints)
+                                local, e.zone_hints, e.has_hints, e.node_hints)
     return list(found.values())
 
 
@@ -76,14 +77,26 @@ def uses_local(svc: Service, sp: ServicePort, family: int = 0) -> bool:
                                   and externally_accessible(svc, sp, family))
 
 
-def _topology_ok(eps: Sequence[Ep], zone: str) -> bool:
-    """topology.go canUseTopology: every ready endpoint is hinted and one hint is our zone."""
-    if not zone:
-        return False
+def topology(eps: Sequence[Ep], node_name: str, zone: str) -> str:
+    """topology.go topologyModeFromHints: "PreferSameNode" when every ready endpoint has a node
+    hint and one is for this node, else "PreferSameZone" when every ready endpoint has a zone
+    hint and one is for this node's zone (which may be "", a node without the label, matching
+    a hint for the zone ""), else "" (every ready endpoint)."""
     ready = [e for e in eps if e.ready]
-    if not ready or any(not e.has_hints for e in ready):
-        return False
-    return any(zone in e.zones for e in ready)
+    if not ready:
+        return ""
+    if all(e.nodes for e in ready) and any(node_name in e.nodes for e in ready):
+        return "PreferSameNode"
+    if all(e.has_hints for e in ready) and any(zone in e.zones for e in ready):
+        return "PreferSameZone"
+    return ""
+
+
+def _available(e: Ep, mode: str, node_name: str, zone: str) -> bool:
+    """topology.go availableForTopology."""
+    if not mode:
+        return True
+    return node_name in e.nodes if mode == "PreferSameNode" else zone in e.zones
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,13 +107,13 @@ class Categorized:
 
 
 def categorize(eps: Sequence[Ep], svc: Service, sp: ServicePort, zone: str,
-               family: int = 0) -> Categorized:
+               family: int = 0, node_name: str = "") -> Categorized:
     cluster: list[Ep] = []
     local: list[Ep] = []
     has_any = False
     if uses_cluster(svc, sp, family):
-        topo = _topology_ok(eps, zone)
-        cluster = [e for e in eps if e.ready and (not topo or zone in e.zones)]
+        mode = topology(eps, node_name, zone)
+        cluster = [e for e in eps if e.ready and _available(e, mode, node_name, zone)]
         if not cluster:
             cluster = [e for e in eps if e.serving_terminating]
         has_any = bool(cluster)

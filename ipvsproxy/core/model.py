@@ -112,7 +112,8 @@ class Endpoint(NamedTuple):
     terminating: bool
     node_name: str = ""
     zone_hints: frozenset[str] = frozenset()
-    has_hints: bool = False
+    has_hints: bool = False  # forZones was a non-empty list
+    node_hints: frozenset[str] = frozenset()  # forNodes (PreferSameNode, GA in 1.35)
 
 
 @dataclass(frozen=True, slots=True)

@@ -42,6 +42,12 @@ _NO_MAP: Mapping[str, Any] = MappingProxyType({})
 _PROTOS = {p.value: p for p in Proto}
 
 
+def _names(hints: list[Any]) -> frozenset[str]:
+    """The names of a forZones or forNodes list (a shared empty set for none)."""
+    return frozenset(h["name"] for h in hints
+                     if isinstance(h, _MAP) and isinstance(h.get("name"), str)) or _NO_ZONES
+
+
 def _map_or_none(v: Any) -> Mapping[str, Any] | None:
     # `None` first: isinstance(None, Mapping) is the slow ABC check, and absent is the usual case
     return None if v is None or not isinstance(v, _MAP) else v
@@ -138,28 +144,28 @@ def parse_endpoint_slice(obj: Mapping[str, Any], prev: EndpointSlice | None = No
         if cond is None or not isinstance(cond, _MAP):
             cond = _NO_MAP
         hints = e.get("hints")
-        zones = _NO_ZONES
+        zones = nodes = _NO_ZONES
         has_hints = False
-        if hints is not None and isinstance(hints, _MAP) \
-                and isinstance(hints.get("forZones"), list):
-            # endpointslicecache.go: an empty forZones list is no hint at all
-            has_hints = bool(hints["forZones"])
-            zones = frozenset(z["name"] for z in hints["forZones"]
-                              if isinstance(z, _MAP) and isinstance(z.get("name"), str)) \
-                or _NO_ZONES
+        if hints is not None and isinstance(hints, _MAP):
+            # endpointslicecache.go: an empty forZones (forNodes) list is no hint at all
+            if isinstance(for_zones := hints.get("forZones"), list):
+                has_hints = bool(for_zones)
+                zones = _names(for_zones)
+            if isinstance(for_nodes := hints.get("forNodes"), list):
+                nodes = _names(for_nodes)
         node = e.get("nodeName")
         node = node if node.__class__ is str else ""
         ready, serving, term = cond.get("ready"), cond.get("serving"), cond.get("terminating")
         ready = ready if ready.__class__ is bool else True
         serving = serving if serving.__class__ is bool else True
         term = term if term.__class__ is bool else False
-        if k < n_old and old_eps[k] == (a, ready, serving, term, node, zones, has_hints):
+        if k < n_old and old_eps[k] == (a, ready, serving, term, node, zones, has_hints, nodes):
             ep = old_eps[k]
         else:
             same = False
             # A node's name is one string (sys.intern), not one per endpoint: less memory, and
             # the next version's compare finds it by identity.
-            ep = Endpoint(a, ready, serving, term, _intern(node), zones, has_hints)
+            ep = Endpoint(a, ready, serving, term, _intern(node), zones, has_hints, nodes)
         eps.append(ep)
         texts.append(text)
     ann = _map_or_none(meta.get("annotations")) or _NO_MAP

@@ -53,7 +53,8 @@ def service(name: str, ip: str | list[str], *ports: dict[str, Any], type_: str =
 
 
 def ep(ip: str, node: str = "", ready: bool | None = True, serving: bool | None = None,
-       terminating: bool | None = None, zones: list[str] | None = None) -> dict[str, Any]:
+       terminating: bool | None = None, zones: list[str] | None = None,
+       nodes: list[str] | None = None) -> dict[str, Any]:
     """One endpoint; None leaves a condition unset (kube-proxy's defaults apply)."""
     cond = {k: v for k, v in (("ready", ready), ("serving", serving),
                               ("terminating", terminating)) if v is not None}
@@ -61,7 +62,9 @@ def ep(ip: str, node: str = "", ready: bool | None = True, serving: bool | None 
     if node:
         e["nodeName"] = node
     if zones is not None:
-        e["hints"] = {"forZones": [{"name": z} for z in zones]}
+        e.setdefault("hints", {})["forZones"] = [{"name": z} for z in zones]
+    if nodes is not None:
+        e.setdefault("hints", {})["forNodes"] = [{"name": n} for n in nodes]
     return e
 
 

@@ -291,6 +291,21 @@ def test_one_frontend_claimed_twice_is_a_problem_and_the_first_service_keeps_it(
                            "by default/a; ignored"]
 
 
+def test_an_address_that_is_externalip_and_lb_ip_of_one_service_has_both_roles() -> None:
+    """One virtual server, in the externalIP set and the LoadBalancer sets with its source-range
+    firewall, as kube-proxy programs it (found by the differential suite: it used to be
+    "already used" and lost its firewall)."""
+    d = desired(service("lb", "10.96.0.30", port(443), type_="LoadBalancer",
+                        externalIPs=["203.0.113.10"], ingress=["203.0.113.10"],
+                        loadBalancerSourceRanges=["198.51.100.0/24"]), EP)
+    assert "TCP 203.0.113.10:443" in vs(d)
+    assert members(d, T.EXTERNAL_IP) == {"203.0.113.10,tcp:443"}
+    assert members(d, T.LOAD_BALANCER) == {"203.0.113.10,tcp:443"}
+    assert members(d, T.LOAD_BALANCER_FW) == {"203.0.113.10,tcp:443"}
+    assert members(d, T.LB_SOURCE_CIDR) == {"203.0.113.10,tcp:443,198.51.100.0/24"}
+    assert problems(d) == []
+
+
 def test_loop_back_holds_every_local_endpoint_whatever_its_state() -> None:
     d = desired(service("web", "10.96.0.10"), slice_(
         "web", ep("10.244.1.5", NODE), ep("10.244.1.6", NODE, ready=False),

@@ -104,6 +104,9 @@ def test_internal_traffic_policy_is_per_family_externally_reachable() -> None:
     ("z1", [ep("10.244.0.1", zones=["z1"]), ep("10.244.0.2", zones=[])], rs("1", "2")),
     ("z3", [ep("10.244.0.1", zones=["z1"]), ep("10.244.0.2", zones=["z2"])], rs("1", "2")),
     ("", [ep("10.244.0.1", zones=["z1"]), ep("10.244.0.2", zones=["z2"])], rs("1", "2")),
+    # a node without the zone label is in the zone "" (a valid label value): topology.go
+    # looks the empty zone up in the hints like any other (found by the differential suite)
+    ("", [ep("10.244.0.1", zones=[""]), ep("10.244.0.2", zones=["z2"])], rs("1")),
     # only ready endpoints are inspected: an unhinted not-ready one does not disable topology
     ("z1", [ep("10.244.0.1", zones=["z1"]), ep("10.244.0.2", zones=["z2"]),
             ep("10.244.0.3", ready=False)], rs("1")),
@@ -111,9 +114,34 @@ def test_internal_traffic_policy_is_per_family_externally_reachable() -> None:
     ("z1", [ep("10.244.0.1", zones=["z2"], **TERM), ep("10.244.0.2", zones=["z2"], **TERM)],
      rs("1", "2")),
 ], ids=["filter", "multi-zone-hint", "one-unhinted", "empty-hint", "no-hint-for-zone",
-        "node-without-zone", "unready-ignored", "terminating-fallback"])
+        "node-without-zone", "hint-for-the-empty-zone", "unready-ignored",
+        "terminating-fallback"])
 def test_topology_zone_hints(zone: str, endpoints: list[Any], expected: list[str]) -> None:
     d = desired(policy_service(), slice_("svc", *endpoints), node(NODE, zone=zone))
+    assert vs(d)["TCP 10.96.0.1:80"] == expected
+
+
+@pytest.mark.parametrize("endpoints,expected", [
+    # every ready endpoint hinted for a node, one for this node: only those (PreferSameNode)
+    ([ep("10.244.0.1", nodes=[NODE]), ep("10.244.0.2", nodes=["node-b"])], rs("1")),
+    # node hints win over zone hints
+    ([ep("10.244.0.1", nodes=[NODE], zones=["z2"]), ep("10.244.0.2", nodes=["node-b"],
+                                                       zones=["z1"])], rs("1")),
+    # no hint for this node: the zone hints decide
+    ([ep("10.244.0.1", nodes=["node-c"], zones=["z2"]),
+      ep("10.244.0.2", nodes=["node-b"], zones=["z1"])], rs("2")),
+    # one ready endpoint without a node hint: no node topology
+    ([ep("10.244.0.1", nodes=[NODE]), ep("10.244.0.2")], rs("1", "2")),
+    # an empty forNodes list is no hint
+    ([ep("10.244.0.1", nodes=[NODE]), ep("10.244.0.2", nodes=[])], rs("1", "2")),
+    # a not-ready endpoint's hints are not looked at
+    ([ep("10.244.0.1", nodes=[NODE]), ep("10.244.0.2", nodes=["node-b"]),
+      ep("10.244.0.3", ready=False)], rs("1")),
+], ids=["filter", "before-zones", "zones-decide", "one-unhinted", "empty-hint",
+        "unready-ignored"])
+def test_topology_node_hints(endpoints: list[Any], expected: list[str]) -> None:
+    """trafficDistribution PreferSameNode (GA in 1.35): topology.go topologyModeFromHints."""
+    d = desired(policy_service(), slice_("svc", *endpoints), node(NODE, zone="z1"))
     assert vs(d)["TCP 10.96.0.1:80"] == expected
 
 
