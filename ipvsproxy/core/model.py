@@ -368,6 +368,10 @@ def parse_service(obj: Mapping[str, Any]) -> tuple[Service | None, list[Problem]
                 problems.append(bad(f"loadBalancerSourceRange {raw!r} is not a CIDR; ignored"))
             elif net not in ranges:
                 ranges.append(net)
+        # serviceport.go: a zero-masked range of a family means "allow any", as no range of that
+        # family does (and ipset's hash:net sets cannot hold a /0)
+        open_to = {n.version for n in ranges if n.prefixlen == 0}
+        ranges = [n for n in ranges if n.version not in open_to]
         hc = _port(spec.get("healthCheckNodePort")) or 0
     ext_local = spec.get("externalTrafficPolicy") == "Local"
     int_local = spec.get("internalTrafficPolicy") == "Local"

@@ -291,6 +291,23 @@ def test_one_frontend_claimed_twice_is_a_problem_and_the_first_service_keeps_it(
                            "by default/a; ignored"]
 
 
+@pytest.mark.parametrize("ranges,firewalled", [
+    (["0.0.0.0/0", "198.51.100.0/24"], False),  # a zero-masked range of a family: allow any
+    (["::/0", "198.51.100.0/24"], True),  # ... only for its own family
+    (["10.0.0.0/0"], False),  # any zero mask (proxyutil.IsZeroCIDR looks at the length only)
+])
+def test_a_zero_masked_source_range_allows_any(ranges: list[str], firewalled: bool) -> None:
+    """serviceport.go: kube-proxy drops a family's ranges when one is a /0. It used to reach the
+    ipset writer, which refuses a /0 in a hash:net set, and fail the whole sync (found by the
+    differential suite)."""
+    d = desired(service("lb", "10.96.0.30", port(443), type_="LoadBalancer",
+                        ingress=["203.0.113.10"], loadBalancerSourceRanges=ranges), EP)
+    assert members(d, T.LOAD_BALANCER_FW) == ({"203.0.113.10,tcp:443"} if firewalled else set())
+    assert members(d, T.LB_SOURCE_CIDR) == (
+        {"203.0.113.10,tcp:443,198.51.100.0/24"} if firewalled else set())
+    assert problems(d) == []
+
+
 def test_an_address_that_is_externalip_and_lb_ip_of_one_service_has_both_roles() -> None:
     """One virtual server, in the externalIP set and the LoadBalancer sets with its source-range
     firewall, as kube-proxy programs it (found by the differential suite: it used to be
