@@ -190,7 +190,10 @@ def _ip(v: Any) -> IPAddress | None:
     except ValueError:
         return None
     if isinstance(a, IPv6Address) and a.ipv4_mapped is not None:
-        return None  # kube-proxy's IP parsing rejects IPv4-mapped IPv6 for services
+        # IPv4-mapped ("::ffff:203.0.113.5"): the API server lets it into legacy fields and
+        # kube-proxy programs the IPv4 address (Go's net.IP); refused here, as is a leading
+        # zero, which ip_address rejects: one text must name one address (README)
+        return None
     if len(_IPS) >= _IPS_MAX:
         _IPS.clear()
     _IPS[v] = a

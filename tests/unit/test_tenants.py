@@ -215,3 +215,17 @@ def test_an_unquoted_yaml_timestamp_orders_as_the_api_servers_text(tmp_path: Pat
     snap = build_snapshot(load_objects(str(f)), NODE)
     assert sorted(s.created for s in snap.services) == ["2023-01-01T10:00:00Z",
                                                         "2024-01-01T10:00:00Z"]
+
+
+def test_ambiguous_ipv4_spellings_are_refused() -> None:
+    """Leading zeros ("010.244.1.5") and IPv4-mapped IPv6 ("::ffff:203.0.113.5"), which the API
+    server still lets into legacy fields and kube-proxy reads as decimal IPv4 (ParseIPSloppy),
+    are refused with a warning, the rest programmed (a deliberate difference, README)."""
+    d = desired(service("web", "10.96.0.10", externalIPs=["::ffff:203.0.113.5", "198.51.100.7"]),
+                slice_("web", ep("010.244.1.5"), ep("10.244.1.6")),
+                service("zeros", "10.96.0.11", externalIPs=["203.000.113.6"]))
+    assert vs(d) == {"TCP 10.96.0.10:80": ["10.244.1.6:80"],
+                     "TCP 198.51.100.7:80": ["10.244.1.6:80"], "TCP 10.96.0.11:80": []}
+    got = problems(d)
+    for text in ("::ffff:203.0.113.5", "010.244.1.5", "203.000.113.6"):
+        assert any(text in p for p in got), (text, got)
