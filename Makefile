@@ -12,7 +12,7 @@ PYTHON ?= $(shell /usr/bin/python3 -c 'import sys; sys.exit(sys.version_info < (
 	2>/dev/null && echo /usr/bin/python3 || echo python3)
 CMD ?= uname -r; modprobe ip_vs && ipvsadm -Ln
 
-.PHONY: setup host-packages venv kernel upstream lint types unit test demo lab bench bench-large chaos capacity soak clean kind-e2e
+.PHONY: setup host-packages venv kernel upstream lint types unit test demo lab bench bench-large chaos capacity soak conformance clean kind-e2e
 
 setup: host-packages venv kernel upstream
 
@@ -88,6 +88,14 @@ capacity: setup
 soak: setup
 	$(PY) -m integration.vm.lab --timeout 3000 -- \
 		'IPVSPROXY_DAEMON_LONG=1 python -m pytest -s -rP tests/kernel/test_daemon.py -k "api_server_away or among_many"'
+
+# The differential suite at full size (tests/differential/run.py; one cluster of it is part of
+# make test): many generated clusters, each through the real kube-proxy --proxy-mode=ipvs and
+# ipvsproxy (sync --once and run) against the real kube-apiserver, then a change series; figures
+# printed and written to bench/results/conformance.json. CONFORMANCE_ARGS=--help for the knobs.
+conformance: setup
+	$(PY) -m integration.vm.lab --timeout 14400 --rwdir bench/results -- \
+		'python -m tests.differential.run --json bench/results/conformance.json $(CONFORMANCE_ARGS)'
 
 # Run any command inside the lab guest: make lab CMD='ipvsadm -Ln'
 lab: setup

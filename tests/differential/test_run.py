@@ -1,0 +1,81 @@
+"""The pure parts of the lab driver (tests/differential/run.py): when a proxy counts as synced,
+the configuration both proxies get, and which clusterIP virtual servers the API objects ask
+for."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from ipvsproxy import kpconfig
+from tests.differential import generate, run
+
+LAST = "kubeproxy_sync_proxy_rules_last_timestamp_seconds"
+QUEUED = "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds"
+
+
+def m(last4: float, queued4: float, last6: float, queued6: float,
+      pending: float = 0) -> dict[str, float]:
+    return {f'{LAST}{{ip_family="IPv4"}}': last4, f'{QUEUED}{{ip_family="IPv4"}}': queued4,
+            f'{LAST}{{ip_family="IPv6"}}': last6, f'{QUEUED}{{ip_family="IPv6"}}': queued6,
+            "kubeproxy_sync_proxy_rules_endpoint_changes_pending": pending,
+            "kubeproxy_sync_proxy_rules_service_changes_pending": 0}
+
+
+def test_converged_needs_both_families_synced_after_their_last_queued_change() -> None:
+    assert run.converged(m(10, 9, 12, 11))
+    assert not run.converged(m(10, 9, 0, 11))  # IPv6 never synced (kube-proxy: not yet
+    #                                            initialized while IPv4's first sync runs)
+    assert not run.converged(m(10, 11, 12, 11))  # a change queued after IPv4's last sync
+    assert not run.converged(m(10, 9, 12, 11, pending=1))
+    assert not run.converged({})  # no metrics yet (not listening)
+
+
+def test_the_kube_proxy_configuration_is_one_both_proxies_read() -> None:
+    p = generate.Params()
+    text = run.kube_proxy_config(p, Path("/k/admin.kubeconfig"))
+    cfg = json.loads(text)
+    assert cfg["mode"] == "ipvs" and cfg["ipvs"]["scheduler"] == "rr"
+    assert cfg["hostnameOverride"] == p.node_name
+    assert cfg["clusterCIDR"] == ",".join(p.cluster_cidrs)
+    # conntrack left alone: no sysctl the lab cannot set is written
+    assert cfg["conntrack"] == {"maxPerCore": 0, "min": 0, "tcpEstablishedTimeout": "0s",
+                                "tcpCloseWaitTimeout": "0s"}
+    # ipvsproxy run --config reads the same file without a warning
+    values, warnings = _read(kpconfig, text)
+    assert warnings == []
+    assert values["kubeconfig"] == "/k/admin.kubeconfig"
+
+
+def _read(mod: Any, text: str) -> tuple[dict[str, Any], list[str]]:
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "kube-proxy.conf"
+        path.write_text(text)
+        values, warnings = mod.defaults_from_file(str(path))
+    return dict(values), list(warnings)
+
+
+def test_cluster_ip_frontends_of_the_api_objects() -> None:
+    objs: list[dict[str, Any]] = [
+        {"kind": "Service", "metadata": {"name": "a"},
+         "spec": {"type": "ClusterIP", "clusterIPs": ["10.96.1.1", "fd00:96::1"],
+                  "externalIPs": ["10.96.7.7", "203.000.113.005"],
+                  "ports": [{"protocol": "TCP", "port": 80}]}},
+        {"kind": "Service", "metadata": {"name": "h"},
+         "spec": {"type": "ClusterIP", "clusterIP": "None", "clusterIPs": ["None"],
+                  "ports": [{"protocol": "TCP", "port": 80}]}},
+        {"kind": "Service", "metadata": {"name": "x"},
+         "spec": {"type": "ExternalName", "externalName": "x.example.com"}},
+        {"kind": "Service", "metadata": {"name": "o", "labels": {
+            generate.LABEL_PROXY_NAME: "other"}},
+         "spec": {"type": "ClusterIP", "clusterIP": "10.96.2.2", "clusterIPs": ["10.96.2.2"],
+                  "ports": [{"protocol": "UDP", "port": 53}]}},
+    ]
+    must, may = run.cluster_ip_frontends(objs, generate.Params())
+    assert must == {"TCP 10.96.1.1:80", "TCP [fd00:96::1]:80"}
+    assert may == must | {"TCP 10.96.7.7:80", "TCP 203.0.113.5:80"}
+    assert run._in_service_ranges("TCP 10.96.7.7:80", generate.Params())
+    assert not run._in_service_ranges("TCP 203.0.113.5:80", generate.Params())
