@@ -94,6 +94,7 @@ soak: setup
 # ipvsproxy (sync --once and run) against the real kube-apiserver, then a change series; figures
 # printed and written to bench/results/conformance.json. CONFORMANCE_ARGS=--help for the knobs.
 conformance: setup
+	@mkdir -p bench/results
 	$(PY) -m integration.vm.lab --timeout 14400 --rwdir bench/results -- \
 		'python -m tests.differential.run --json bench/results/conformance.json $(CONFORMANCE_ARGS)'
 
