@@ -4,20 +4,13 @@ This module owns the two processes and everything they need, in one temporary fo
 (127.0.0.1, free ports, no fsync), the API server's self-signed serving certificate (made by the
 server itself in --cert-dir and kept across restarts, so one CA for the whole run), the
 service-account key pair (openssl), the static token file (one admin token, group
-system:masters), the logs and the kubeconfigs it writes. It gives tests what they do with a
-cluster (`Client`): `apply` objects (server-side apply, then the status subresource where one is
-given), `delete` them, `apply_rbac` (deploy/rbac.yaml), a ServiceAccount `token` (the
-TokenRequest API: since 1.24 there are no secret tokens), `kubeconfig`s for the admin or a token;
-and what only the owner does (`ControlPlane`): `stop` the API server (SIGTERM, or SIGKILL as a
-crash) and `start` it again on the same port with etcd kept, `compact` etcd's history, and read
-the server's `audit` log (who asked what, and the answer's code: how tests tell whether a
-client was ever refused) and its `starts` (until /readyz says ok after a start, the server may
-refuse what its RBAC grants).
-
-The lab guest reaches a control plane that runs on the host (`serve_control`, `Remote`): the API
-server through qemu's user network (10.0.2.2 in the guest is the host's 127.0.0.1), and a small
-HTTP control server next to it for what the guest cannot do through the API (stop, start,
-compact). Starting the pair inside the emulated guest takes ~45 s against ~4 s on the host.
+system:masters), the logs and the kubeconfigs it writes. `ControlPlane` is a `Client`
+(integration/upstream/client.py: apply, delete, tokens, kubeconfigs) and does what only the
+owner does: `stop` the API server (SIGTERM, or SIGKILL as a crash) and `start` it again on the
+same port with etcd kept, `compact` etcd's history, and read the server's `audit` log (who
+asked what, and the answer's code: how tests tell whether a client was ever refused) and its
+`starts` (until /readyz says ok after a start, the server may refuse what its RBAC grants).
+A lab guest reaches it through integration/upstream/remote.py.
 
 It must not touch anything outside its folder, listen anywhere but 127.0.0.1, or leave a process
 behind: `close()` ends both, and both die with the process that started them. It never skips:
@@ -40,7 +33,6 @@ import secrets
 import shutil
 import signal
 import socket
-import ssl
 import subprocess
 import sys
 import tempfile
@@ -50,16 +42,14 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[2]
-RBAC = ROOT / "deploy" / "rbac.yaml"
+from integration.upstream.client import ApiError, Client, Obj
+
 # Dual-stack, as a cluster of today: the IPv6 range is within the 20 bits the allocator takes.
 SERVICE_CIDRS = "10.96.0.0/16,fd00:96::/112"
 ISSUER = "https://kubernetes.default.svc.cluster.local"
-FIELD_MANAGER = "ipvsproxy-tests"
 # The host as a lab guest on qemu's user network sees it (slirp forwards 10.0.2.2 to the host's
 # 127.0.0.1). It is the address the API server advertises: what it writes into the `kubernetes`
 # Service's endpoints (it refuses a loopback address there) and what its self-signed certificate
@@ -70,37 +60,9 @@ GUEST_SIDE_ADDRESS = "10.0.2.2"
 # compactor off (the tests compact when they mean to).
 NO_COMPACTION = "0"
 
-Obj = dict[str, Any]
-
-# kind -> (apiVersion, plural, namespaced, has a status subresource)
-KINDS: dict[str, tuple[str, str, bool, bool]] = {
-    "Service": ("v1", "services", True, True),
-    "EndpointSlice": ("discovery.k8s.io/v1", "endpointslices", True, False),
-    "Node": ("v1", "nodes", False, True),
-    "Namespace": ("v1", "namespaces", False, False),
-    "ConfigMap": ("v1", "configmaps", True, False),
-    "Secret": ("v1", "secrets", True, False),
-    "Pod": ("v1", "pods", True, True),
-    "ServiceAccount": ("v1", "serviceaccounts", True, False),
-    "ServiceCIDR": ("networking.k8s.io/v1", "servicecidrs", False, True),
-    "ClusterRole": ("rbac.authorization.k8s.io/v1", "clusterroles", False, False),
-    "ClusterRoleBinding": ("rbac.authorization.k8s.io/v1", "clusterrolebindings", False, False),
-    "Role": ("rbac.authorization.k8s.io/v1", "roles", True, False),
-    "RoleBinding": ("rbac.authorization.k8s.io/v1", "rolebindings", True, False),
-}
-
 
 class Missing(Exception):
     """The upstream binaries are not built."""
-
-
-class ApiError(Exception):
-    """A request the API server answered with a failure status; carries the Status body."""
-
-    def __init__(self, status: int, body: Any, what: str) -> None:
-        message = body.get("message") if isinstance(body, dict) else str(body)[:300]
-        super().__init__(f"{what}: {status} {message}")
-        self.status, self.body = status, body
 
 
 def binaries() -> Path:
@@ -132,23 +94,6 @@ def _pem_certificates(text: str) -> list[str]:
     end = "-----END CERTIFICATE-----"
     return [b[b.index("-----BEGIN"):].strip() + "\n" + end + "\n"
             for b in text.split(end) if "-----BEGIN CERTIFICATE-----" in b]
-
-
-def api_path(obj: Obj, name: str | None = None, subresource: str = "") -> str:
-    """The REST path of `obj`'s collection, or of the object `name` (and its subresource)."""
-    version, plural, namespaced, _ = KINDS[obj["kind"]]
-    base = f"/api/{version}" if "/" not in version else f"/apis/{version}"
-    if namespaced:
-        base += f"/namespaces/{(obj.get('metadata') or {}).get('namespace') or 'default'}"
-    path = f"{base}/{plural}"
-    if name:
-        path += f"/{name}" + (f"/{subresource}" if subresource else "")
-    return path
-
-
-def complete(obj: Obj) -> Obj:
-    """`obj` with apiVersion set from its kind (test objects often carry only the kind)."""
-    return obj if "apiVersion" in obj else {"apiVersion": KINDS[obj["kind"]][0], **obj}
 
 
 def _die_with_parent() -> None:
@@ -194,119 +139,6 @@ class _Spawner:
     def close(self) -> None:
         self._jobs.put(None)
         self._thread.join()
-
-
-# ------------------------------------------------------------------------------------ client
-
-
-class Client:
-    """What a test does with the API server as its admin (or with another token)."""
-
-    url: str
-    ca_pem: str
-    admin_token: str
-
-    def _ssl(self) -> ssl.SSLContext:
-        return ssl.create_default_context(cadata=self.ca_pem)
-
-    def request(self, method: str, path: str, body: Any = None, *, token: str | None = None,
-                query: dict[str, str] | None = None, content_type: str = "application/json",
-                raw: bool = False, timeout: float = 30.0) -> Any:
-        """One HTTPS request with the admin token (or `token`); the decoded JSON answer.
-        A failure status raises ApiError with the server's Status body."""
-        url = self.url + path + ("?" + urllib.parse.urlencode(query) if query else "")
-        data = None if body is None else (body if isinstance(body, bytes)
-                                          else json.dumps(body).encode())
-        req = urllib.request.Request(url, data=data, method=method, headers={
-            "Authorization": f"Bearer {token or self.admin_token}",
-            "Accept": "application/json", "Content-Type": content_type})
-        try:
-            with urllib.request.urlopen(req, timeout=timeout, context=self._ssl()) as r:
-                text = r.read()
-        except urllib.error.HTTPError as e:
-            payload = e.read()
-            try:
-                err: Any = json.loads(payload)
-            except ValueError:
-                err = payload.decode(errors="replace")
-            raise ApiError(e.code, err, f"{method} {path}") from None
-        if raw:
-            return text.decode()
-        return json.loads(text) if text else None
-
-    def get(self, obj: Obj) -> Obj:
-        return self.request("GET", api_path(obj, obj["metadata"]["name"]))  # type: ignore[no-any-return]
-
-    def collection(self, kind: str, namespace: str | None = None, **query: str) -> Obj:
-        """A LIST of `kind` (all namespaces unless `namespace`), as the server sends it."""
-        path = api_path({"kind": kind, "metadata": {"namespace": namespace or "default"}})
-        if namespace is None and KINDS[kind][2]:
-            path = path.replace("/namespaces/default", "")
-        return self.request("GET", path, query=query or None)  # type: ignore[no-any-return]
-
-    def apply(self, objects: Obj | Iterable[Obj]) -> list[Obj]:
-        """Create or update each object as `kubectl apply --server-side --force-conflicts`
-        does (one field manager: a field left out of a later apply is removed), then set its
-        status through the status subresource where it has one (a Service's load-balancer
-        ingress, a Node's addresses). Returns the objects as the server stored them."""
-        out = []
-        for obj in [objects] if isinstance(objects, dict) else list(objects):
-            obj = complete(obj)
-            name = obj["metadata"]["name"]
-            query = {"fieldManager": FIELD_MANAGER, "force": "true"}
-            body = {k: v for k, v in obj.items() if k != "status"}
-            stored = self.request("PATCH", api_path(obj, name), body, query=query,
-                                  content_type="application/apply-patch+yaml")
-            if "status" in obj and KINDS[obj["kind"]][3]:
-                # A JSON merge patch, as kubelets and controllers write status (and replacing
-                # lists whole): server-side apply refuses a Node's addresses with two entries
-                # of one type (a dual-stack node's two InternalIPs), which its schema keys by
-                # type.
-                stored = self.request("PATCH", api_path(obj, name, "status"),
-                                      {"status": obj["status"]},
-                                      content_type="application/merge-patch+json")
-            out.append(stored)
-        return out
-
-    def delete(self, obj: Obj, missing_ok: bool = True) -> None:
-        try:
-            self.request("DELETE", api_path(complete(obj), obj["metadata"]["name"]))
-        except ApiError as exc:
-            if not (missing_ok and exc.status == 404):
-                raise
-
-    def resource_version(self) -> str:
-        """The store's current resourceVersion (etcd's revision), from a one-item list."""
-        got = self.request("GET", "/api/v1/namespaces", query={"limit": "1"})
-        return str(got["metadata"]["resourceVersion"])
-
-    def apply_rbac(self, path: Path = RBAC) -> list[Obj]:
-        """deploy/rbac.yaml (its ServiceAccount, ClusterRole and ClusterRoleBinding), applied."""
-        import yaml
-
-        return self.apply([d for d in yaml.safe_load_all(path.read_text()) if d])
-
-    def token(self, namespace: str, service_account: str, seconds: int = 3600) -> str:
-        """A bound token for the ServiceAccount from the TokenRequest API (what a kubelet
-        mounts into the pod as a projected volume)."""
-        got = self.request(
-            "POST", f"/api/v1/namespaces/{namespace}/serviceaccounts/{service_account}/token",
-            {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
-             "spec": {"expirationSeconds": seconds}})
-        return str(got["status"]["token"])
-
-    def kubeconfig(self, path: Path, token: str | None = None) -> Path:
-        """A kubeconfig (mode 0600) for the admin, or for `token`."""
-        cluster: Obj = {"server": self.url, "certificate-authority-data":
-                        base64.b64encode(self.ca_pem.encode()).decode()}
-        path.write_text(json.dumps({
-            "apiVersion": "v1", "kind": "Config", "current-context": "test",
-            "clusters": [{"name": "test", "cluster": cluster}],
-            "users": [{"name": "test", "user": {"token": token or self.admin_token}}],
-            "contexts": [{"name": "test", "context": {"cluster": "test", "user": "test"}}]},
-            indent=1))
-        os.chmod(path, 0o600)
-        return path
 
 
 # ------------------------------------------------------------------------------ control plane
@@ -589,11 +421,6 @@ def _unix(stamp: str) -> float:
     return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp() if stamp else 0.0
 
 
-def unready(event: Obj, starts: Iterable[tuple[float, float]]) -> bool:
-    """Whether an audit event came while the API server was starting (not yet ready)."""
-    return any(spawned <= event["time"] <= ready for spawned, ready in starts)
-
-
 def _terminate(proc: subprocess.Popen[bytes], timeout: float) -> None:
     if proc.poll() is None:
         with contextlib.suppress(ProcessLookupError):
@@ -603,124 +430,6 @@ def _terminate(proc: subprocess.Popen[bytes], timeout: float) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-
-
-# ----------------------------------------------------------------- the guest's path to the host
-
-
-def serve_control(cp: ControlPlane, host: str = "127.0.0.1") -> ThreadingHTTPServer:
-    """An HTTP server on `host`, free port, for a lab guest's tests to do what the API does not:
-    POST /stop[?kill=1], /start, /restart (the API server), /compact (etcd; answers the revision);
-    GET /running, /starts, /compacted?revision=N, /etcd-revision, /audit?user=U. One request at a
-    time; an error answers 500 with its message. Call `shutdown()`, then `cp.close()`."""
-    lock = threading.Lock()
-
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, format: str, *args: Any) -> None:
-            pass
-
-        def _answer(self, code: int, body: Any) -> None:
-            data = json.dumps(body).encode()
-            self.send_response(code)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def _do(self) -> None:
-            url = urllib.parse.urlsplit(self.path)
-            q = dict(urllib.parse.parse_qsl(url.query))
-            actions: dict[tuple[str, str], Callable[[], Any]] = {
-                ("POST", "/stop"): lambda: cp.stop(kill=q.get("kill") == "1"),
-                ("POST", "/start"): lambda: cp.start().timings,
-                ("POST", "/restart"): lambda: cp.restart().timings,
-                ("POST", "/compact"): cp.compact,
-                ("GET", "/compacted"): lambda: cp.compacted(int(q["revision"])),
-                ("GET", "/etcd-revision"): cp.etcd_revision,
-                ("GET", "/running"): lambda: cp.running,
-                ("GET", "/starts"): lambda: cp.starts,
-                ("GET", "/audit"): lambda: cp.audit(q.get("user")),
-            }
-            action = actions.get((self.command, url.path))
-            if action is None:
-                self._answer(404, {"error": f"no {self.command} {url.path}"})
-                return
-            try:
-                with lock:
-                    result = action()
-            except Exception as exc:
-                self._answer(500, {"error": f"{type(exc).__name__}: {exc}"})
-                return
-            self._answer(200, {"result": result})
-
-        do_GET = do_POST = _do
-
-    server = ThreadingHTTPServer((host, 0), Handler)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, name="controlplane-control",
-                     daemon=True).start()
-    return server
-
-
-def guest_info(cp: ControlPlane, control: ThreadingHTTPServer) -> Obj:
-    """What a lab guest needs to reach the control plane on the host (`Remote.from_file`)."""
-    return {"url": f"https://{GUEST_SIDE_ADDRESS}:{cp.port}",
-            "control": f"http://{GUEST_SIDE_ADDRESS}:{control.server_address[1]}",
-            "ca_pem": cp.ca_pem, "admin_token": cp.admin_token,
-            "host_url": cp.url, "apiserver_argv": cp.apiserver_argv()}
-
-
-class Remote(Client):
-    """A control plane on the host, from a lab guest: the API server at 10.0.2.2 through qemu's
-    user network, and `stop`, `start`, `restart`, `compact` through its control server."""
-
-    def __init__(self, info: Obj) -> None:
-        self.url, self.control = info["url"], info["control"]
-        self.ca_pem, self.admin_token = info["ca_pem"], info["admin_token"]
-        self.info = info
-
-    @classmethod
-    def from_file(cls, path: str | Path) -> Remote:
-        return cls(json.loads(Path(path).read_text()))
-
-    def _control(self, method: str, path: str, timeout: float = 180.0) -> Any:
-        req = urllib.request.Request(self.control + path, method=method,
-                                     data=b"" if method == "POST" else None)
-        try:
-            with urllib.request.urlopen(req, timeout=timeout) as r:
-                return json.loads(r.read())["result"]
-        except urllib.error.HTTPError as e:
-            raise RuntimeError(f"control plane {method} {path}: {e.code} {e.read()[:500]!r}"
-                               ) from None
-
-    def stop(self, kill: bool = False) -> None:
-        self._control("POST", "/stop" + ("?kill=1" if kill else ""))
-
-    def start(self) -> Any:
-        return self._control("POST", "/start")
-
-    def restart(self) -> Any:
-        return self._control("POST", "/restart")
-
-    def running(self) -> bool:
-        return bool(self._control("GET", "/running"))
-
-    @property
-    def starts(self) -> list[tuple[float, float]]:
-        return [(a, b) for a, b in self._control("GET", "/starts")]
-
-    def compact(self) -> int:
-        return int(self._control("POST", "/compact"))
-
-    def compacted(self, revision: int) -> bool:
-        return bool(self._control("GET", f"/compacted?revision={revision}"))
-
-    def etcd_revision(self) -> int:
-        return int(self._control("GET", "/etcd-revision"))
-
-    def audit(self, user: str | None = None) -> list[Obj]:
-        query = "?" + urllib.parse.urlencode({"user": user}) if user else ""
-        return list(self._control("GET", "/audit" + query))
 
 
 def main(argv: list[str] | None = None) -> int:

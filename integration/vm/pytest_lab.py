@@ -205,7 +205,8 @@ def _control_plane(items: list[pytest.Item], tw: Any) -> tuple[Any, dict[str, st
     wanted = [it.nodeid for it in items if it.get_closest_marker("controlplane") is not None]
     if not wanted:
         return None, {}
-    from integration.upstream.controlplane import ControlPlane, guest_info, serve_control
+    from integration.upstream.controlplane import ControlPlane
+    from integration.upstream.remote import guest_info, serve_control
 
     try:
         cp = ControlPlane()

@@ -508,8 +508,8 @@ def _daemon_pass(env: Env, d: Daemon, changes: list[Change], sentinel: tuple[lis
             return
         t0 = time.monotonic()
         for c in changes:
-            env.api.apply(c)
-        env.api.apply_all(sentinel[0])
+            env.api.write(c)
+        env.api.write_all(sentinel[0])
         snaps["after"] = _converge(env, d, sentinel[1])
         t[f"{d.name} changes"] = time.monotonic() - t0
     finally:

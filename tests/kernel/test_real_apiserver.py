@@ -32,7 +32,7 @@ from pathlib import Path
 
 import pytest
 
-from integration.upstream.controlplane import Remote, unready
+from integration.upstream.remote import Remote, unready
 from tests.kernel import forked
 from tests.kernel.conftest import sh
 from tests.kernel.test_daemon import (

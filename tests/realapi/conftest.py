@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 import yaml
 
-from integration.upstream.controlplane import RBAC, ControlPlane, Missing
+from integration.upstream.client import RBAC
+from integration.upstream.controlplane import ControlPlane, Missing
 from tests.realapi.proxycalls import can, role_rules
 
 SA_NAMESPACE, SA_NAME = "kube-system", "ipvsproxy"

@@ -13,7 +13,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from integration.upstream.controlplane import Client
+from integration.upstream.client import Client
 from ipvsproxy.kube import rest
 from ipvsproxy.kube.listing import LABEL_SELECTOR, list_objects
 from ipvsproxy.kube.reflector import Reflector

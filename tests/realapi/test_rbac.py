@@ -20,7 +20,8 @@ from typing import Any
 
 import pytest
 
-from integration.upstream.controlplane import ApiError, ControlPlane
+from integration.upstream.client import ApiError
+from integration.upstream.controlplane import ControlPlane
 from tests.realapi.conftest import SA_USER, Applied, proxy_role, wait_for
 from tests.realapi.proxycalls import (
     NODE,

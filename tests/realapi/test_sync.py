@@ -22,7 +22,8 @@ from typing import Any
 
 import yaml
 
-from integration.upstream.controlplane import ROOT, ControlPlane
+from integration.upstream.client import ROOT
+from integration.upstream.controlplane import ControlPlane
 from tests.realapi.conftest import Applied
 from tests.unit.kube_objects import ep, node, port, service, slice_
 
