@@ -2,21 +2,21 @@
 /proxyMode and a plain /healthz (--metrics-bind-address), and the small server machinery the
 health-check node ports (daemon/hcnp.py) share.
 
-Owns listening and answering only; what is answered comes from daemon/health.py and
-daemon/metrics.py. /healthz listens on every address of every node, so anyone who can reach a
-node can try to exhaust it (issue 23): each server is one thread running one selector loop over
-sockets that are never waited on, and what a client may cost it is bounded by Limits
-(connections held, time and bytes to send a request, time to take an answer). Requests are GET
-and HEAD without bodies; anything else is answered and the connection closed. Routes run on the
-server's thread, one at a time. Silent per request. Must not: start a thread per client, or
-read a request body.
+Owns listening and answering only; how a request is parsed and an answer written is
+daemon/http_wire.py's, what is answered comes from daemon/health.py and daemon/metrics.py.
+/healthz listens on every address of every node, so anyone who can reach a node can try to
+exhaust it (issue 23): each server is one thread running one selector loop over sockets that
+are never waited on, and what a client may cost it is bounded by Limits (connections held,
+time and bytes to send a request, time to take an answer). Requests are GET and HEAD without
+bodies; anything else is answered and the connection closed. Routes run on the server's
+thread, one at a time. Silent per request. Must not: start a thread per client, or read a
+request body.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
-import json
 import re
 import selectors
 import socket
@@ -24,22 +24,24 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from email.utils import formatdate
-from http import HTTPStatus
 from typing import Any
 
 import structlog
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
 from ipvsproxy.config import parse_bind_address
+from ipvsproxy.daemon.http_wire import (
+    NOSNIFF_TEXT,
+    Route,
+    _answer,
+    _error,
+    json_answer,
+    parse_request,
+)
+from ipvsproxy.daemon.http_wire import Request as Request  # what parse_request gives
 
 log = structlog.get_logger("ipvsproxy.http")
 
-# (status, headers, body) for a path; None: 404
-Route = Callable[[], tuple[int, dict[str, str], bytes]]
-JSON = "application/json"
-TEXT = "text/plain; charset=utf-8"
-NOSNIFF_TEXT = {"Content-Type": TEXT, "X-Content-Type-Options": "nosniff"}
 WILDCARDS = ("", "0.0.0.0", "::")
 HEALTHZ_PORT = 10256
 METRICS_PORT = 10249
@@ -70,69 +72,6 @@ _SWEEP_GRAIN = 0.05  # deadlines are checked at most this often under load
 _NOWAIT = socket.MSG_DONTWAIT
 _HEADER_END = re.compile(rb"\r?\n\r?\n")
 _READ, _WRITE, _LINGER, _CLOSED = "read", "write", "linger", "closed"
-
-
-@dataclass(frozen=True, slots=True)
-class Request:
-    method: str
-    target: str
-    keep_alive: bool  # HTTP/1.1, no "Connection: close" and no body to skip
-    body: bool = False  # one follows (never read)
-
-
-def parse_request(head: bytes) -> Request | int:
-    """The request line and header lines (the bytes before the blank line), or the status to
-    refuse them with. Pure: no sockets, tested on its own."""
-    lines = head.decode("latin-1").split("\n")
-    parts = lines[0].rstrip("\r").split(" ")
-    if len(parts) != 3 or not parts[0] or not parts[1]:
-        return 400
-    method, target, version = parts
-    if version not in ("HTTP/1.0", "HTTP/1.1"):
-        return 505 if re.fullmatch(r"HTTP/\d+\.\d+", version) else 400
-    connection, body = "", False
-    for line in lines[1:]:
-        if not line.strip("\r"):
-            continue
-        name, colon, value = line.rstrip("\r").partition(":")
-        if not colon or not name or name != name.strip():
-            return 400
-        name, value = name.lower(), value.strip()
-        if name == "connection":
-            connection += "," + value.lower()
-        elif name == "transfer-encoding":
-            body = True
-        elif name == "content-length":
-            if not value.isdigit():
-                return 400
-            body = body or int(value) > 0
-    if method not in ("GET", "HEAD"):
-        return 501
-    close = "close" in (t.strip() for t in connection.split(","))
-    # HTTP/1.0 keep-alive is not offered; a body is never read, so its connection cannot go on
-    return Request(method, target, version == "HTTP/1.1" and not close and not body, body)
-
-
-def _answer(status: int, headers: dict[str, str], body: bytes, send_body: bool,
-            close: bool) -> bytes:
-    lines = [f"HTTP/1.1 {status} {_phrase(status)}"]
-    lines += [f"{k}: {v}" for k, v in headers.items()]
-    lines += [f"Date: {formatdate(usegmt=True)}", f"Content-Length: {len(body)}"]
-    if close:
-        lines.append("Connection: close")
-    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + (body if send_body else b"")
-
-
-def _error(status: int) -> bytes:
-    return _answer(status, dict(NOSNIFF_TEXT), f"{status} {_phrase(status)}\n".encode(), True,
-                   True)
-
-
-def _phrase(status: int) -> str:
-    try:
-        return HTTPStatus(status).phrase
-    except ValueError:
-        return "Status"
 
 
 class _Conn:
@@ -446,12 +385,6 @@ def _bind_address(addr: str, default_port: int) -> tuple[str, int]:
         return parse_bind_address(addr, default_port)
     except ValueError as exc:
         raise OSError(errno.EINVAL, str(exc)) from None
-
-
-def json_answer(status: int, doc: Any) -> tuple[int, dict[str, str], bytes]:
-    """A JSON answer as kube-proxy's health handlers write it (compact, nosniff)."""
-    return status, {"Content-Type": JSON, "X-Content-Type-Options": "nosniff"}, \
-        json.dumps(doc, separators=(",", ":")).encode()
 
 
 def start_healthz(addr: str, health: Any, metrics: Any, limits: Limits = LIMITS) -> Served:
