@@ -1,4 +1,4 @@
-"""A fast reader for the YAML that kubectl writes, and only that (issue 22).
+"""A fast reader for the YAML that kubectl writes, and only that.
 
 `kubectl get services,endpointslices,nodes -A -o yaml` of a 10,000-service cluster is ~15 MB
 of YAML. libyaml's loader (`yaml.CSafeLoader`) takes 50-100x the json module's time on the

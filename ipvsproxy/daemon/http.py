@@ -5,7 +5,7 @@ health-check node ports (daemon/hcnp.py) share.
 Owns listening and answering only; how a request is parsed and an answer written is
 daemon/http_wire.py's, what is answered comes from daemon/health.py and daemon/metrics.py.
 /healthz listens on every address of every node, so anyone who can reach a node can try to
-exhaust it (issue 23): each server is one thread running one selector loop over sockets that
+exhaust it: each server is one thread running one selector loop over sockets that
 are never waited on, and what a client may cost it is bounded by Limits (connections held,
 time and bytes to send a request, time to take an answer). Requests are GET and HEAD without
 bodies; anything else is answered and the connection closed. Routes run on the server's
