@@ -1,4 +1,4 @@
-"""The differential suite's writes through the real API server: generate.py's `Change`s.
+"""The differential suite's writes through the real API server: cluster.py's `Change`s.
 
 `Api` is integration/upstream/client.py's `Client` (made from a kubeconfig: the suite runs
 inside the lab guest, and the server may be on the host) with what the suite does to a cluster:
@@ -13,7 +13,7 @@ import time
 from collections.abc import Iterable
 
 from integration.upstream.client import KINDS, ApiError, Client, Obj, api_path
-from tests.differential.generate import Change, Cluster
+from tests.differential.cluster import Change, Cluster
 
 
 def path_of(kind: str, namespace: str = "", name: str = "", sub: str = "") -> str:

@@ -2,7 +2,8 @@
 a generated cluster (endpoints scaled and their conditions flipped, hints, types, traffic
 policies, affinity, external and LoadBalancer IPs, source ranges, ports, Services and
 EndpointSlices created and deleted, the node's zone), each valid against the state the ones
-before leave. Pure and deterministic, like generate.py, whose model it drives.
+before leave. Pure and deterministic, like generate.py, whose generator (`_Gen`) and model
+(model.py) it drives.
 """
 
 from __future__ import annotations
@@ -12,8 +13,7 @@ import random
 from collections import Counter
 from collections.abc import Iterable
 
-from tests.differential.generate import (
-    _FOCUS,
+from tests.differential.cluster import (
     CHANGE_FEATURES,
     LABEL_SERVICE_NAME,
     LABEL_ZONE,
@@ -22,12 +22,10 @@ from tests.differential.generate import (
     Cluster,
     Obj,
     Params,
-    _Gen,
-    _Port,
-    _Svc,
-    generate,
     key_of,
 )
+from tests.differential.generate import _FOCUS, _Gen, generate
+from tests.differential.model import _Port, _Svc
 
 
 class _State:

@@ -18,7 +18,7 @@ from ipaddress import ip_address, ip_network
 from pathlib import Path
 from typing import Any
 
-from tests.differential.generate import LABEL_SERVICE_NAME, Params
+from tests.differential.cluster import LABEL_SERVICE_NAME, Params
 from tests.differential.snapshot import Difference
 
 README = Path(__file__).resolve().parents[2] / "README.md"

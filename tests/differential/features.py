@@ -1,4 +1,4 @@
-"""Which features of `generate.FEATURES` a cluster covers, read back from its API objects
+"""Which features of `cluster.FEATURES` a cluster covers, read back from its API objects
 alone (never from the generator's model), and the coverage of a run of seeds.
 """
 
@@ -8,16 +8,16 @@ from collections import Counter
 from collections.abc import Iterable
 from ipaddress import ip_address, ip_network
 
-from tests.differential.generate import (
+from tests.differential.cluster import (
     LABEL_HEADLESS,
     LABEL_PROXY_NAME,
     LABEL_SERVICE_NAME,
     LABEL_ZONE,
     Obj,
     Params,
-    generate,
     key_of,
 )
+from tests.differential.generate import generate
 from tests.differential.validity import _parse_sloppy
 
 

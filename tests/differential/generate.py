@@ -11,328 +11,38 @@ cluster loads the same way twice. Each service is built around one feature of `F
 every one), with two more at random and the rest of its fields random; every cluster has each
 proxied Service type.
 
-This module owns the feature tables, `Params`, `Change`, `Cluster`, the generator's model of a
-Service and `generate()`. features.py reads back which features a cluster covers, validity.py
-checks the objects offline against the API server's rules (pkg/apis/core/validation and
-pkg/apis/discovery/validation at v1.35.4), and changes.py makes change series.
+This module owns the generator: `_Gen` (a Service built around the features it is asked for,
+and this node's Node; the EndpointSlices come from slices.py's `_SliceGen`, the allocators from
+model.py's `_Alloc`) and `generate()`. cluster.py holds the values it makes; features.py reads
+back which features a cluster covers, validity.py checks the objects offline against the API
+server's rules (pkg/apis/core/validation and pkg/apis/discovery/validation at v1.35.4), and
+changes.py makes change series.
 """
 
 from __future__ import annotations
 
-import copy
 import random
-from collections import Counter
-from dataclasses import dataclass, field
-from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network, ip_network
-from typing import Any
 
-Obj = dict[str, Any]
-
-MANAGED_BY = "differential.ipvsproxy.io"
-LABEL_MANAGED_BY = "endpointslice.kubernetes.io/managed-by"
-LABEL_SERVICE_NAME = "kubernetes.io/service-name"
-LABEL_PROXY_NAME = "service.kubernetes.io/service-proxy-name"
-LABEL_HEADLESS = "service.kubernetes.io/headless"
-LABEL_ZONE = "topology.kubernetes.io/zone"
-# The other nodes of the cluster (endpoints there are remote; node-b in zone-a, node-c in
-# zone-b) and the zones (this node's is zone-a, none, or another after a change).
-OTHER_NODES = ("node-b", "node-c")
-ZONES = ("zone-a", "zone-b", "zone-c")
-PROTOCOLS = ("TCP", "UDP", "SCTP")
-
-# Every feature a cluster or a change series can cover (what features()/change.feature name).
-SERVICE_FEATURES = (
-    "svc:ClusterIP", "svc:NodePort", "svc:LoadBalancer", "svc:ExternalName", "svc:headless",
-    "proto:TCP", "proto:UDP", "proto:SCTP", "ports:multi", "ports:unnamed",
-    "nodeport:tcp-udp-same-number",
-    "family:ipv4", "family:ipv6", "family:dual-v4-primary", "family:dual-v6-primary",
-    "family:prefer-dual", "family:implicit",
-    "externalIPs", "externalIPs:ipv6", "externalIPs:node-address", "externalIPs:clusterip-local",
-    "lb:vip", "lb:proxy", "lb:ipmode-unset", "lb:hostname", "lb:ipv6", "lb:other-family",
-    "lb:node-address", "lb:no-nodeports", "lb:no-status",
-    "sourceRanges", "sourceRanges:node", "sourceRanges:zero", "sourceRanges:padded",
-    "sourceRanges:host-bits", "sourceRanges:ipv6",
-    "affinity:ClientIP", "affinity:default-timeout",
-    "etp:Local", "etp:Local-no-local-endpoints", "itp:Local", "hcnp",
-    "td:PreferClose", "td:PreferSameZone", "td:PreferSameNode",
-    "label:service-proxy-name", "ann:ipvsproxy-scheduler", "ann:ipvsproxy-weight",
-    "lb:same-as-externalIP", "invalid:externalIP-leading-zeros",
-    "invalid:externalIP-ipv4-mapped", "invalid:lb-ip-leading-zeros",
-    "externalIPs:service-range", "invalid:externalIP-multicast", "invalid:lb-ip-link-local",
+from tests.differential.cluster import (
+    FEATURES,
+    LABEL_PROXY_NAME,
+    LABEL_ZONE,
+    NODE_FEATURES,
+    OTHER_NODES,
+    PROTOCOLS,
+    ZONES,
+    Cluster,
+    Obj,
+    Params,
 )
-ENDPOINT_FEATURES = (
-    "ep:ready", "ep:conditions-unset", "ep:not-ready", "ep:serving-terminating",
-    "ep:terminating-not-serving", "ep:local", "ep:remote", "ep:no-node", "ep:multi-address",
-    "ep:duplicate", "ep:none",
-    "hints:zone", "hints:zone-other", "hints:zone-partial", "hints:node", "hints:node-other",
-    "hints:node-partial", "hints:zone-empty-name",
-    "slice:multi", "slice:no-service-label", "slice:orphan", "slice:port-name-mismatch",
-    "slice:protocol-mismatch", "slice:port-nil", "slice:port-zero", "slice:fqdn",
-    "slice:other-family", "slice:headless-label", "slice:proxy-name-label",
-    "invalid:endpoint-leading-zeros", "invalid:endpoint-multicast",
-)
-NODE_FEATURES = ("node:zone", "node:no-zone", "node:ipv4-only")
-FEATURES = SERVICE_FEATURES + ENDPOINT_FEATURES + NODE_FEATURES
-CHANGE_FEATURES = (
-    "chg:scale-up", "chg:scale-down", "chg:condition", "chg:hints", "chg:type", "chg:etp",
-    "chg:itp", "chg:affinity", "chg:externalIPs", "chg:lb-status", "chg:source-ranges",
-    "chg:ports", "chg:delete-service", "chg:create-service", "chg:delete-slice",
-    "chg:create-slice", "chg:node-zone",
-)
+from tests.differential.model import _leading_zeros, _Port, _Svc
+from tests.differential.slices import _SliceGen
 
 
-@dataclass(frozen=True, slots=True)
-class Params:
-    """What the cluster must fit: the API server's ranges and this node."""
-
-    services: int = 12
-    # --service-cluster-ip-range of the API server: the IPv4 range, then the IPv6 one
-    service_cidrs: tuple[str, str] = ("10.96.0.0/16", "fd00:96::/112")
-    node_port_range: tuple[int, int] = (30000, 32767)  # --service-node-port-range
-    node_name: str = "diff-node"
-    node_ips: tuple[str, str] = ("192.168.77.10", "fd00:77::10")  # on a NIC of the lab guest
-    cluster_cidrs: tuple[str, str] = ("10.244.0.0/16", "fd00:244::/56")  # pods
-    namespaces: tuple[str, ...] = ("diff-a", "diff-b")
-    reserved: int = 16  # the first addresses of each service CIDR (kubernetes, DNS) are not used
-
-
-@dataclass(frozen=True, slots=True)
-class Change:
-    """One write through the API server.
-
-    op: "create" (POST), "replace" (PUT of the whole object, no resourceVersion), "status" (a
-    merge patch of a Service's status subresource: obj holds metadata and status) or "delete"
-    (obj holds apiVersion, kind and metadata).
-    """
-
-    op: str
-    obj: Obj
-    feature: str
-
-    @property
-    def key(self) -> tuple[str, str, str]:
-        return key_of(self.obj)
-
-
-@dataclass(slots=True)
-class Cluster:
-    seed: int
-    params: Params
-    namespaces: list[Obj]
-    node: Obj
-    services: list[Obj]  # as created (a Service's status is set afterwards, see lb_status)
-    lb_status: list[Obj]  # metadata + status of LoadBalancer Services with ingress
-    slices: list[Obj]
-
-    def steps(self) -> list[Change]:
-        """Loading the cluster into an empty API server, in order."""
-        out = [Change("create", o, "load") for o in (*self.namespaces, self.node)]
-        out += [Change("create", o, "load") for o in self.services]
-        out += [Change("status", o, "load") for o in self.lb_status]
-        out += [Change("create", o, "load") for o in self.slices]
-        return out
-
-    def objects(self) -> list[Obj]:
-        """The cluster as one list (Services with their status), e.g. for `--from-file`."""
-        status = {key_of(s): s["status"] for s in self.lb_status}
-        svcs = [dict(s, status=status[key_of(s)]) if key_of(s) in status else s
-                for s in self.services]
-        return [*self.namespaces, self.node, *svcs, *self.slices]
-
-    def features(self) -> Counter[str]:
-        from tests.differential.features import features  # features.py imports this module
-
-        return features(self.node, self.services, self.lb_status, self.slices, self.params)
-
-
-def key_of(obj: Obj) -> tuple[str, str, str]:
-    m = obj["metadata"]
-    return obj["kind"], m.get("namespace", ""), m["name"]
-
-
-# ------------------------------------------------------------------------------ the model
-
-
-@dataclass(slots=True)
-class _Port:
-    name: str
-    protocol: str
-    port: int
-    target: int
-    node_port: int = 0
-
-
-@dataclass(slots=True)
-class _Svc:
-    """A Service as the generator thinks of it; rendered into the API objects."""
-
-    ns: str
-    name: str
-    kind: str  # ClusterIP, NodePort, LoadBalancer, ExternalName, headless
-    families: list[int] = field(default_factory=list)  # spec.ipFamilies order
-    policy: str | None = "SingleStack"  # None: left to defaulting (family:implicit)
-    cluster_ips: list[str] = field(default_factory=list)
-    ports: list[_Port] = field(default_factory=list)
-    external_ips: list[str] = field(default_factory=list)
-    etp: str = "Cluster"
-    itp: str = "Cluster"
-    affinity: int | None = None  # None: no affinity; 0: ClientIP with the default timeout
-    hcnp: int = 0
-    source_ranges: list[str] = field(default_factory=list)
-    alloc_node_ports: bool = True
-    ingress: list[Obj] | None = None  # None: no status written
-    td: str | None = None
-    labels: dict[str, str] = field(default_factory=dict)
-    annotations: dict[str, str] = field(default_factory=dict)
-    slices: list[Obj] = field(default_factory=list)
-
-    @property
-    def key(self) -> tuple[str, str]:
-        return self.ns, self.name
-
-    @property
-    def proxied(self) -> bool:
-        return self.kind in ("ClusterIP", "NodePort", "LoadBalancer")
-
-    @property
-    def externally_accessible(self) -> bool:
-        return self.kind in ("NodePort", "LoadBalancer") or (
-            self.kind == "ClusterIP" and bool(self.external_ips))
-
-    def service(self) -> Obj:
-        spec: Obj = {"type": "ClusterIP" if self.kind == "headless" else self.kind}
-        if self.kind == "ExternalName":
-            spec["externalName"] = f"{self.name}.example.com"
-        elif self.kind == "headless":
-            spec["clusterIP"] = "None"
-            spec["clusterIPs"] = ["None"]
-        else:
-            spec["clusterIP"] = self.cluster_ips[0]
-            spec["clusterIPs"] = list(self.cluster_ips)
-        if self.kind != "ExternalName":
-            if self.policy is not None:
-                spec["ipFamilyPolicy"] = self.policy
-                spec["ipFamilies"] = [f"IPv{f}" for f in self.families]
-            spec["internalTrafficPolicy"] = self.itp
-        ports = []
-        for p in self.ports:
-            d: Obj = {"protocol": p.protocol, "port": p.port, "targetPort": p.target}
-            if p.name:
-                d["name"] = p.name
-            if p.node_port:
-                d["nodePort"] = p.node_port
-            ports.append(d)
-        if ports:
-            spec["ports"] = ports
-        if self.external_ips:
-            spec["externalIPs"] = list(self.external_ips)
-        if self.externally_accessible:
-            spec["externalTrafficPolicy"] = self.etp
-        if self.affinity is not None:
-            spec["sessionAffinity"] = "ClientIP"
-            if self.affinity:
-                spec["sessionAffinityConfig"] = {"clientIP": {"timeoutSeconds": self.affinity}}
-        if self.kind == "LoadBalancer":
-            spec["allocateLoadBalancerNodePorts"] = self.alloc_node_ports
-            if self.source_ranges:
-                spec["loadBalancerSourceRanges"] = list(self.source_ranges)
-            if self.hcnp:
-                spec["healthCheckNodePort"] = self.hcnp
-        if self.td is not None:
-            spec["trafficDistribution"] = self.td
-        meta: Obj = {"namespace": self.ns, "name": self.name}
-        if self.labels:
-            meta["labels"] = dict(self.labels)
-        if self.annotations:
-            meta["annotations"] = dict(self.annotations)
-        return {"apiVersion": "v1", "kind": "Service", "metadata": meta, "spec": spec}
-
-    def status(self) -> Obj | None:
-        if self.kind != "LoadBalancer" or self.ingress is None:
-            return None
-        return {"apiVersion": "v1", "kind": "Service",
-                "metadata": {"namespace": self.ns, "name": self.name},
-                "status": {"loadBalancer": {"ingress": copy.deepcopy(self.ingress)}}}
-
-
-def _slice(ns: str, name: str, service: str | None, address_type: str, ports: list[Obj],
-           endpoints: list[Obj], labels: dict[str, str] | None = None,
-           annotations: dict[str, str] | None = None) -> Obj:
-    lab = {LABEL_MANAGED_BY: MANAGED_BY}
-    if service is not None:
-        lab[LABEL_SERVICE_NAME] = service
-    lab.update(labels or {})
-    meta: Obj = {"namespace": ns, "name": name, "labels": lab}
-    if annotations:
-        meta["annotations"] = dict(annotations)
-    return {"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice", "metadata": meta,
-            "addressType": address_type, "ports": ports, "endpoints": endpoints}
-
-
-class _Gen:
-    """The generator's state: the random source and every allocator of one cluster."""
-
-    def __init__(self, seed: int, params: Params) -> None:
-        self.rng = random.Random(seed)
-        self.p = params
-        self.seed = seed
-        nets = [ip_network(c) for c in params.service_cidrs]
-        self.svc_nets: dict[int, IPv4Network | IPv6Network] = {n.version: n for n in nets}
-        self.used_ips: set[str] = set()
-        self.used_node_ports: set[int] = set()
-        self.pod_next: dict[tuple[int, int], int] = {}
-        self.names: set[tuple[str, str]] = set()
-        self.zone = ""
-        self.node_families: tuple[int, ...] = (4, 6)
-        self.node_claims: set[tuple[str, int]] = set()  # (protocol, port) at the node's IP
-        self.cluster_frontends: dict[tuple[str, int], str] = {}  # (protocol, port) -> clusterIP
-        self.counter = 0
-
-    # ---- allocators
-
-    def cluster_ip(self, family: int) -> str:
-        net = self.svc_nets[family]
-        size = min(net.num_addresses - 2, 60000)
-        while True:
-            a = str(net.network_address + self.rng.randint(self.p.reserved, size))
-            if a not in self.used_ips:
-                self.used_ips.add(a)
-                return a
-
-    def node_port(self) -> int:
-        lo, hi = self.p.node_port_range
-        while True:
-            n = self.rng.randint(lo, hi)
-            if n not in self.used_node_ports:
-                self.used_node_ports.add(n)
-                return n
-
-    def pod_ip(self, family: int, node: str) -> str:
-        idx = {self.p.node_name: 1, OTHER_NODES[0]: 2, OTHER_NODES[1]: 3}.get(node, 4)
-        k = self.pod_next.get((family, idx), 2)
-        self.pod_next[(family, idx)] = k + 1 if k < 250 else 2
-        if family == 4:
-            base = ip_network(self.p.cluster_cidrs[0]).network_address
-            return str(IPv4Address(int(base) + idx * 256 + k))
-        base6 = ip_network(self.p.cluster_cidrs[1]).network_address
-        return str(IPv6Address(int(base6) + (idx << 64) + k))
-
-    def name(self, ns: str, stem: str) -> str:
-        self.counter += 1
-        n = f"s{self.counter:02d}-{stem}"
-        self.names.add((ns, n))
-        return n
-
-    def zone_of(self, node: str) -> str:
-        if node == self.p.node_name:
-            return self.zone
-        # node-b shares this node's usual zone: same-zone and same-node hints then differ
-        return ZONES[OTHER_NODES.index(node)]
+class _Gen(_SliceGen):
+    """The generator: Services and the Node, on the EndpointSlices and allocators it extends."""
 
     # ---- building blocks
-
-    def chance(self, p: float) -> bool:
-        return self.rng.random() < p
 
     def families(self, want: set[str]) -> tuple[list[int], str | None]:
         r = self.rng
@@ -393,43 +103,6 @@ class _Gen:
                     p.node_port = self.node_port()
         return out
 
-    def _unique(self, make: Any) -> str:
-        """A fresh address: two Services at one frontend would make kube-proxy's state depend
-        on its map order (each syncs the virtual server with its own real servers)."""
-        while True:
-            a = str(make())
-            if a not in self.used_ips:
-                self.used_ips.add(a)
-                return a
-
-    def external_ip(self, family: int) -> str:
-        r = self.rng
-        if family == 4:
-            return self._unique(lambda: f"203.0.113.{r.randint(1, 254)}")
-        return self._unique(lambda: f"2001:db8:e::{r.randint(1, 0xfffe):x}")
-
-    def lb_ip(self, family: int) -> str:
-        r = self.rng
-        if family == 4:
-            return self._unique(lambda: f"198.51.100.{r.randint(1, 254)}")
-        return self._unique(lambda: f"2001:db8:1b::{r.randint(1, 0xfffe):x}")
-
-    def claim_cluster_ip(self, ports: list[_Port]) -> str:
-        for (proto, port), ip in sorted(self.cluster_frontends.items()):
-            if (proto, port) in {(p.protocol, p.port) for p in ports} and "." in ip:
-                del self.cluster_frontends[(proto, port)]  # one claim each
-                return ip
-        return self.cluster_ip(4)
-
-    def claim_node_address(self, ports: list[_Port]) -> bool:
-        """Whether this Service may use the node's address as an external or LB IP: no other
-        Service uses it with one of these ports."""
-        mine = {(p.protocol, p.port) for p in ports}
-        if mine & self.node_claims:
-            return False
-        self.node_claims |= mine
-        return True
-
     def ingress(self, fams: list[int], want: set[str], ports: list[_Port]) -> list[Obj]:
         r = self.rng
         node_ok = "lb:node-address" in want and self.claim_node_address(ports)
@@ -478,142 +151,6 @@ class _Gen:
             out.append(" 192.0.2.128/25 ")
         if "sourceRanges:host-bits" in want or r.random() < 0.1:
             out.append("198.51.100.77/24")
-        return out
-
-    def conditions(self, want: set[str]) -> tuple[Obj | None, str]:
-        kinds = ["ep:ready", "ep:conditions-unset", "ep:not-ready", "ep:serving-terminating",
-                 "ep:terminating-not-serving"]
-        k = next((f for f in kinds if f in want and self.chance(0.7)), None)
-        if k is None:
-            k = self.rng.choices(kinds, [12, 2, 2, 3, 1])[0]
-        return {
-            "ep:ready": {"ready": True, "serving": True, "terminating": False},
-            "ep:conditions-unset": None,
-            "ep:not-ready": {"ready": False, "serving": False, "terminating": False},
-            "ep:serving-terminating": {"ready": False, "serving": True, "terminating": True},
-            "ep:terminating-not-serving": {"ready": False, "serving": False,
-                                           "terminating": True},
-        }[k], k
-
-    def endpoint(self, family: int, want: set[str]) -> Obj:
-        r = self.rng
-        node: str | None = r.choices([self.p.node_name, OTHER_NODES[0], OTHER_NODES[1], None],
-                                     [3, 3, 2, 1])[0]
-        if "ep:local" in want and self.chance(0.5):
-            node = self.p.node_name
-        ep: Obj = {"addresses": [self.pod_ip(family, node or "")]}
-        if "ep:multi-address" in want and self.chance(0.5):
-            ep["addresses"].append(self.pod_ip(family, node or ""))
-        if "invalid:endpoint-leading-zeros" in want and family == 4 and self.chance(0.6):
-            ep["addresses"][0] = _leading_zeros(ep["addresses"][0])
-        elif "invalid:endpoint-multicast" in want and family == 4 and self.chance(0.5):
-            ep["addresses"][0] = self._unique(lambda: f"233.252.1.{self.rng.randint(1, 254)}")
-        cond, _ = self.conditions(want)
-        if cond is not None:
-            ep["conditions"] = cond
-        if node is not None:
-            ep["nodeName"] = node
-            if self.zone_of(node):
-                ep["zone"] = self.zone_of(node)
-        return ep
-
-    def hints(self, eps: list[Obj], mode: str, want: set[str]) -> None:
-        """Hints as the EndpointSlice controller would write them for `mode`, or the variant
-        `want` asks for (hinted elsewhere, one ready endpoint without hints)."""
-        r = self.rng
-        ready = [e for e in eps if e.get("conditions", {}).get("ready", True)]
-        for e in eps:
-            node = e.get("nodeName")
-            zone = e.get("zone", "")
-            h: Obj = {}
-            if "hints:zone-empty-name" in want and not self.zone:
-                # "" is a valid label value: this node (no zone label) and endpoints without a
-                # node are hinted for it, the others for their zone
-                h["forZones"] = [{"name": zone}]
-            elif zone or "hints:zone-other" in want:
-                zones = [zone or ZONES[2]]
-                if "hints:zone-other" in want:
-                    zones = [z for z in ZONES[1:] if z != self.zone][:1]
-                h["forZones"] = [{"name": z} for z in zones]
-            if mode == "PreferSameNode" and node:
-                nodes = [node]
-                if "hints:node-other" in want:
-                    nodes = [OTHER_NODES[0] if node == self.p.node_name else node]
-                h["forNodes"] = [{"name": n} for n in nodes]
-            if h:
-                e["hints"] = h
-        if ready and ("hints:zone-partial" in want or "hints:node-partial" in want
-                      or r.random() < 0.1):
-            victim = r.choice(ready)
-            h = victim.get("hints", {})
-            if "hints:node-partial" in want and "forNodes" in h:
-                del h["forNodes"]
-            else:
-                h.pop("forZones", None)
-            if not h:
-                victim.pop("hints", None)
-
-    def slices_for(self, s: _Svc, want: set[str]) -> list[Obj]:
-        r = self.rng
-        out: list[Obj] = []
-        fams = s.families or [r.choice([4, 6])]
-        if s.kind == "ExternalName":
-            fams = [4]
-        if "slice:other-family" in want:
-            fams = [*fams, 10 - fams[0]] if len(fams) == 1 else fams
-        for fam in dict.fromkeys(fams):
-            n_slices = 2 if want & {"slice:multi", "slice:headless-label",
-                                    "slice:proxy-name-label"} or r.random() < 0.2 else 1
-            ports = [{"name": p.name, "protocol": p.protocol, "port": p.target}
-                     for p in s.ports]
-            if "slice:port-name-mismatch" in want and ports:
-                ports[-1] = dict(ports[-1], name="other")
-            if "slice:protocol-mismatch" in want and ports:
-                alt = next(x for x in PROTOCOLS if x != ports[0]["protocol"])
-                ports[0] = dict(ports[0], protocol=alt)
-            if "slice:port-nil" in want:
-                ports.append({"name": "nil-port", "protocol": "TCP"})
-            if "slice:port-zero" in want:
-                ports.append({"name": "zero-port", "protocol": "TCP", "port": 0})
-            for i in range(n_slices):
-                count = r.choices([0, 1, 2, 3, 4], [1, 3, 4, 3, 2])[0]
-                if any(f.startswith(("ep:", "hints:", "invalid:endpoint")) for f in want):
-                    count = max(count, 2)
-                if "ep:none" in want:
-                    count = 0
-                eps = [self.endpoint(fam, want) for _ in range(count)]
-                if s.td is not None or any(f.startswith("hints:") for f in want):
-                    self.hints(eps, s.td or "PreferClose", want)
-                ann = {}
-                if "ann:ipvsproxy-weight" in want and i == 0:
-                    ann["ipvsproxy.io/weight"] = str(r.randint(2, 5))
-                labels = {}
-                if "slice:headless-label" in want and i == 1:
-                    labels[LABEL_HEADLESS] = ""
-                if "slice:proxy-name-label" in want and i == 1:
-                    labels[LABEL_PROXY_NAME] = "someone-else"
-                out.append(_slice(s.ns, f"{s.name}-v{fam}-{i}", s.name, f"IPv{fam}",
-                                  copy.deepcopy(ports), eps, labels, ann))
-        if "ep:duplicate" in want and out and out[0]["endpoints"]:
-            dup = copy.deepcopy(out[0]["endpoints"][0])
-            dup["nodeName"] = self.p.node_name
-            dup.pop("zone", None)
-            dup.pop("hints", None)
-            extra = copy.deepcopy(out[0])
-            extra["metadata"]["name"] = f"{s.name}-dup"
-            extra["endpoints"] = [dup]
-            out.append(extra)
-        if "slice:fqdn" in want:
-            out.append(_slice(s.ns, f"{s.name}-fqdn", s.name, "FQDN",
-                              [{"name": p.name, "protocol": p.protocol, "port": p.target}
-                               for p in s.ports[:1]],
-                              [{"addresses": [f"pod1.{s.name}.example.com"]}]))
-        if "slice:no-service-label" in want:
-            sl = copy.deepcopy(out[0]) if out else None
-            if sl is not None:
-                sl["metadata"]["name"] = f"{s.name}-nolabel"
-                del sl["metadata"]["labels"][LABEL_SERVICE_NAME]
-                out.append(sl)
         return out
 
     # ---- services
@@ -702,7 +239,7 @@ class _Gen:
                 same = [a for a in s.external_ips if ":" not in a or a.startswith("2001")]
                 if "lb:same-as-externalIP" in want and same and "ip" in s.ingress[0]:
                     s.ingress[0]["ip"] = same[0]
-        td = next((f.split(":")[1] for f in want if f.startswith("td:")), None)
+        td = next((f.split(":")[1] for f in sorted(want) if f.startswith("td:")), None)
         if td is None and any(f.startswith("hints:node") for f in want):
             td = "PreferSameNode"
         if td is None and (any(f.startswith("hints:") for f in want) or r.random() < 0.25):
@@ -739,12 +276,6 @@ class _Gen:
         return {"apiVersion": "v1", "kind": "Node",
                 "metadata": {"name": self.p.node_name, "labels": labels},
                 "status": {"addresses": addrs}}
-
-
-def _leading_zeros(ip: str) -> str:
-    """The same IPv4 address with leading zeros, which the API server's legacy IP validation
-    accepts (StrictIPCIDRValidation is off in 1.35) and kube-proxy parses as decimal."""
-    return ".".join(f"{int(x):03d}" for x in ip.split("."))
 
 
 # Features a service can be built around (the node's and the orphan slice's come anyway), in

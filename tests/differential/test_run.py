@@ -1,6 +1,6 @@
-"""The pure parts of the lab driver (tests/differential/run.py): when a proxy counts as synced,
-the configuration both proxies get, and which clusterIP virtual servers the API objects ask
-for."""
+"""The pure parts of the lab driver: when a proxy counts as synced and the configuration both
+proxies get (tests/differential/proxies.py), and which clusterIP virtual servers the API objects
+ask for (tests/differential/run.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from ipvsproxy import kpconfig
-from tests.differential import generate, run
+from tests.differential import proxies, run
+from tests.differential.cluster import LABEL_PROXY_NAME, Params
 
 LAST = "kubeproxy_sync_proxy_rules_last_timestamp_seconds"
 QUEUED = "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds"
@@ -24,17 +25,17 @@ def m(last4: float, queued4: float, last6: float, queued6: float,
 
 
 def test_converged_needs_both_families_synced_after_their_last_queued_change() -> None:
-    assert run.converged(m(10, 9, 12, 11))
-    assert not run.converged(m(10, 9, 0, 11))  # IPv6 never synced (kube-proxy: not yet
-    #                                            initialized while IPv4's first sync runs)
-    assert not run.converged(m(10, 11, 12, 11))  # a change queued after IPv4's last sync
-    assert not run.converged(m(10, 9, 12, 11, pending=1))
-    assert not run.converged({})  # no metrics yet (not listening)
+    assert proxies.converged(m(10, 9, 12, 11))
+    assert not proxies.converged(m(10, 9, 0, 11))  # IPv6 never synced (kube-proxy: not yet
+    #                                                initialized while IPv4's first sync runs)
+    assert not proxies.converged(m(10, 11, 12, 11))  # a change queued after IPv4's last sync
+    assert not proxies.converged(m(10, 9, 12, 11, pending=1))
+    assert not proxies.converged({})  # no metrics yet (not listening)
 
 
 def test_the_kube_proxy_configuration_is_one_both_proxies_read() -> None:
-    p = generate.Params()
-    text = run.kube_proxy_config(p, Path("/k/admin.kubeconfig"))
+    p = Params()
+    text = proxies.kube_proxy_config(p, Path("/k/admin.kubeconfig"))
     cfg = json.loads(text)
     assert cfg["mode"] == "ipvs" and cfg["ipvs"]["scheduler"] == "rr"
     assert cfg["hostnameOverride"] == p.node_name
@@ -70,12 +71,12 @@ def test_cluster_ip_frontends_of_the_api_objects() -> None:
         {"kind": "Service", "metadata": {"name": "x"},
          "spec": {"type": "ExternalName", "externalName": "x.example.com"}},
         {"kind": "Service", "metadata": {"name": "o", "labels": {
-            generate.LABEL_PROXY_NAME: "other"}},
+            LABEL_PROXY_NAME: "other"}},
          "spec": {"type": "ClusterIP", "clusterIP": "10.96.2.2", "clusterIPs": ["10.96.2.2"],
                   "ports": [{"protocol": "UDP", "port": 53}]}},
     ]
-    must, may = run.cluster_ip_frontends(objs, generate.Params())
+    must, may = run.cluster_ip_frontends(objs, Params())
     assert must == {"TCP 10.96.1.1:80", "TCP [fd00:96::1]:80"}
     assert may == must | {"TCP 10.96.7.7:80", "TCP 203.0.113.5:80"}
-    assert run._in_service_ranges("TCP 10.96.7.7:80", generate.Params())
-    assert not run._in_service_ranges("TCP 203.0.113.5:80", generate.Params())
+    assert run._in_service_ranges("TCP 10.96.7.7:80", Params())
+    assert not run._in_service_ranges("TCP 203.0.113.5:80", Params())

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network, ip_address, ip_network
 
-from tests.differential.generate import (
+from tests.differential.cluster import (
     LABEL_MANAGED_BY,
     MANAGED_BY,
     Cluster,

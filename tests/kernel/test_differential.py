@@ -20,13 +20,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.differential import changes, generate, run
+from tests.differential import changes, generate, proxies, run
+from tests.differential.cluster import Params
 
 pytestmark = [pytest.mark.kernel, pytest.mark.lab_cost(900)]  # seconds, balances lab guests
 
 # Sized for make test under software emulation: one cluster and a change series on it. The
 # seed is fixed (every seed is valid); `make conformance` walks many more.
-PARAMS = generate.Params(services=10)
+PARAMS = Params(services=10)
 SEED = 5
 CHANGES = 20
 
@@ -38,7 +39,7 @@ def outcome(tmp_path_factory: pytest.TempPathFactory) -> run.Outcome:
     cluster = generate.generate(SEED, PARAMS)
     assert len(cluster.features()) >= 30  # a real mix, not a trivial cluster
     work: Path = tmp_path_factory.mktemp("differential")
-    with run.environment(PARAMS, work) as env:
+    with proxies.environment(PARAMS, work) as env:
         return run.differential(env, cluster, changes.changes(cluster, CHANGES, SEED))
 
 
