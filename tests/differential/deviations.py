@@ -62,6 +62,9 @@ class Context:
     zone: str = ""  # the Node's topology.kubernetes.io/zone label
     # LB ingress IPs (VIP) that are an externalIP of the same Service too
     lb_and_external: set[str] = field(default_factory=set)
+    # service ports ("10.96.0.10:80/UDP", as kube-proxy names them) whose last topology
+    # decision before the snapshot, in kube-proxy's log, was made without the node's zone
+    kube_proxy_no_zone: frozenset[str] = frozenset()
 
     @classmethod
     def from_objects(cls, objects: Iterable[Obj], params: Params | None = None) -> Context:
@@ -300,6 +303,51 @@ def _v4_mapped(d: Difference, c: Context) -> bool:
     return d.candidate is None and bool(ips_in(d.key) & c.v4_mapped)
 
 
+_TOPOLOGY_LINE = re.compile(r'topology\.go:\d+\] "Ignoring same-zone topology hints for service '
+                            r'since ([^"]*)" service="([^"]+)"')
+
+
+def zone_unknown(log: str) -> frozenset[str]:
+    """The service ports whose last same-zone decision in kube-proxy's log (--v=2) was "node
+    is missing label": kube-proxy did not know the node's zone when it last synced them."""
+    last: dict[str, str] = {}
+    for m in _TOPOLOGY_LINE.finditer(log):
+        last[m.group(2)] = m.group(1)
+    return frozenset(k for k, why in last.items() if why == "node is missing label")
+
+
+def _ready(e: Obj) -> bool:
+    cond = e.get("conditions") or {}
+    return cond.get("ready") is not False  # endpointslicecache.go: nil is ready
+
+
+def _zones(e: Obj) -> set[str]:
+    return {h.get("name") for h in (e.get("hints") or {}).get("forZones") or []}
+
+
+def _kube_proxy_lost_zone(d: Difference, c: Context) -> bool:
+    """A real server kube-proxy programs only because it did not know the node's zone: the
+    Node has a zone label, kube-proxy logged "node is missing label" for the service, every
+    ready endpoint has zone hints, one is hinted for the node's zone, and this one is not (so
+    same-zone topology would leave it out, topology.go topologyModeFromHints)."""
+    if d.kind != "ipvs dest" or d.reference is None or d.candidate is not None or not c.zone:
+        return False
+    svc = c.owner(vs_of(d))
+    if svc is None:
+        return False
+    spec = svc.get("spec", {})
+    names = {f"{ip}:{p['port']}/{p['protocol']}" for ip in spec.get("clusterIPs", [])
+             for p in spec.get("ports", [])}
+    if not names & c.kube_proxy_no_zone:
+        return False
+    host = _sloppy(d.key.partition(" -> ")[2].rpartition(":")[0].strip("[]"))
+    ready = [e for sl in c.slices_of(svc) for e in sl.get("endpoints") or []
+             if e.get("addresses") and _ready(e)]
+    this = [e for e in ready if _sloppy(e["addresses"][0]) == host]
+    return bool(this) and all(_zones(e) for e in ready) \
+        and any(c.zone in _zones(e) for e in ready) and all(c.zone not in _zones(e) for e in this)
+
+
 DEVIATIONS: tuple[Deviation, ...] = (
     Deviation(
         "per-service scheduler",
@@ -367,6 +415,13 @@ DEVIATIONS: tuple[Deviation, ...] = (
         "refused with a warning naming the object",
         "tests/unit/test_tenants.py::test_ambiguous_ipv4_spellings_are_refused",
         _v4_mapped),
+    Deviation(
+        "kube-proxy did not know the node's zone",
+        "kube-proxy 1.35 can start without the node's zone: its NodeTopologyConfig adds its "
+        "handler to the node informer, which kube-proxy's NodeManager has already started, "
+        "before the proxier is registered with it",
+        "tests/unit/test_desired_endpoints.py::test_topology_zone_hints",
+        _kube_proxy_lost_zone),
 )
 
 @dataclass(frozen=True)
@@ -443,6 +498,7 @@ def main(argv: list[str] | None = None) -> int:
     for path in argv if argv is not None else sys.argv[1:]:
         data = json.loads(Path(path).read_text())
         ctx = Context.from_objects(data["objects"])
+        ctx.kube_proxy_no_zone = frozenset(data.get("kube_proxy_no_zone", ()))
         snaps = {k: snapshot.from_plain(v) for k, v in data["snapshots"].items()}
         for name, snap in snaps.items():
             if name == "kube-proxy":

@@ -203,11 +203,14 @@ class Daemon:
         self.name, self.argv, self.log = name, argv, log
         self.proc: subprocess.Popen[bytes] | None = None
         self.raw: dict[str, str] = {}  # the text the last snapshot was made of
+        self.started_at = 0  # where this run's output begins in the log (bytes)
+        self.log_at_snapshot = ""  # this run's output up to the last snapshot
 
     def start(self) -> None:
         with self.log.open("ab") as f:
             f.write(f"==== {' '.join(self.argv)}\n".encode())
             f.flush()
+            self.started_at = f.tell()
             self.proc = subprocess.Popen(self.argv, stdout=f, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, start_new_session=True)
 
@@ -228,6 +231,9 @@ class Daemon:
                 time.sleep(2.0)
                 m2 = metrics()
                 if converged(m2) and _sync_times(m2) == _sync_times(m):
+                    with self.log.open("rb") as f:
+                        f.seek(self.started_at)
+                        self.log_at_snapshot = f.read().decode(errors="replace")
                     return snap
             if time.monotonic() > deadline:
                 raise RunError(f"{self.name} did not sync within {timeout:.0f}s "

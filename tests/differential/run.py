@@ -132,12 +132,13 @@ def _last_error(text: str) -> str:
     return "\n".join(lines[-10:])[-3000:]
 
 
-def _save(env: Env, name: str, objects: list[Any], **snaps: Snapshot) -> None:
+def _save(env: Env, name: str, objects: list[Any], ctx: deviations.Context,
+          **snaps: Snapshot) -> None:
     """The objects and the snapshots, for a look afterwards (deviations.py re-classifies them
     on the host: `python -m tests.differential.deviations FILE`)."""
     (env.work / f"{name}.json").write_text(json.dumps(
-        {"objects": objects, "snapshots": {k: snapshot.to_plain(s) for k, s in snaps.items()}},
-        indent=1))
+        {"objects": objects, "snapshots": {k: snapshot.to_plain(s) for k, s in snaps.items()},
+         "kube_proxy_no_zone": sorted(ctx.kube_proxy_no_zone)}, indent=1))
 
 
 def _sentinel(p: Params, n: int) -> tuple[list[Change], str]:
@@ -214,14 +215,17 @@ def _converge(env: Env, d: Daemon, sentinel: str) -> Snapshot:
 
 
 def _daemon_pass(env: Env, d: Daemon, changes: list[Change], sentinel: tuple[list[Change], str],
-                 t: dict[str, float], snaps: dict[str, Snapshot]) -> None:
+                 t: dict[str, float], snaps: dict[str, Snapshot],
+                 logs: dict[str, str] | None = None) -> None:
     """Start a daemon on the loaded cluster, snapshot it settled (snaps["first"]); apply the
     changes, snapshot it converged (snaps["after"]); stop it. A RunError leaves in `snaps`
-    what was taken before it."""
+    what was taken before it. `logs` gets the daemon's output up to each snapshot."""
+    logs = {} if logs is None else logs
     t0 = time.monotonic()
     d.start()
     try:
         snaps["first"] = _converge(env, d, "")
+        logs["first"] = d.log_at_snapshot
         t[d.name] = time.monotonic() - t0
         if not changes:
             return
@@ -230,6 +234,7 @@ def _daemon_pass(env: Env, d: Daemon, changes: list[Change], sentinel: tuple[lis
             env.api.write(c)
         env.api.write_all(sentinel[0])
         snaps["after"] = _converge(env, d, sentinel[1])
+        logs["after"] = d.log_at_snapshot
         t[f"{d.name} changes"] = time.monotonic() - t0
     finally:
         d.stop()
@@ -252,10 +257,13 @@ def differential(env: Env, cluster: Cluster, changes: list[Change] | None = None
 
     env.reset_sysctls()
     kp: dict[str, Snapshot] = {}
-    _daemon_pass(env, env.kube_proxy(), changes, sentinel, t, kp)  # a failure here is fatal
+    kp_logs: dict[str, str] = {}
+    _daemon_pass(env, env.kube_proxy(), changes, sentinel, t, kp, kp_logs)  # fatal if it fails
     ref, ref_after = kp["first"], kp.get("after")
     objects_after = env.api.dump(env.params.namespaces, env.params.node_name)
     ctx_after = deviations.Context.from_objects(objects_after, env.params)
+    ctx.kube_proxy_no_zone = deviations.zone_unknown(kp_logs.get("first", ""))
+    ctx_after.kube_proxy_no_zone = deviations.zone_unknown(kp_logs.get("after", ""))
     left = {"kube-proxy --cleanup": env.kube_proxy_cleanup()}
 
     if changes:
@@ -291,11 +299,11 @@ def differential(env: Env, cluster: Cluster, changes: list[Change] | None = None
         diffs["run"] = snapshot.compare(ref, snap_run, listeners=True)
         classified["run"] = _classify(diffs["run"], ctx)
         saved["run"] = snap_run
-    _save(env, f"cluster-{cluster.seed}", objects, **saved)
+    _save(env, f"cluster-{cluster.seed}", objects, ctx, **saved)
     if ref_after is not None and run_after is not None:
         diffs["changes"] = snapshot.compare(ref_after, run_after, listeners=True)
         classified["changes"] = _classify(diffs["changes"], ctx_after)
-        _save(env, f"cluster-{cluster.seed}-changes", objects_after,
+        _save(env, f"cluster-{cluster.seed}-changes", objects_after, ctx_after,
               **{"kube-proxy": ref_after, "run": run_after})
     return Outcome(
         f"cluster seed {cluster.seed}", len(cluster.objects()), len(changes),

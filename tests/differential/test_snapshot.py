@@ -401,3 +401,61 @@ def test_listeners_are_the_health_check_node_ports_compared_only_between_daemons
     assert [(d.key, d.reference, d.candidate) for d in
             S.compare(s, other, listeners=True)["listener"]] == [
         ("tcp/31747", "listening", None), ("tcp/31748", None, "listening")]
+
+
+# seed 102 of make conformance: a UDP service with zone (and node) hints; the node is in zone-a
+ZONE_OBJECTS: list[dict[str, Any]] = [
+    {"kind": "Node", "metadata": {"name": "diff-node",
+                                  "labels": {"topology.kubernetes.io/zone": "zone-a"}},
+     "status": {"addresses": [{"type": "InternalIP", "address": "192.168.77.10"}]}},
+    {"kind": "Service", "metadata": {"namespace": "b", "name": "s08"},
+     "spec": {"type": "ClusterIP", "clusterIPs": ["10.96.227.169"],
+              "externalIPs": ["203.0.113.85"], "trafficDistribution": "PreferSameNode",
+              "ports": [{"protocol": "UDP", "port": 80}]}},
+    {"kind": "EndpointSlice", "metadata": {
+        "namespace": "b", "name": "s08-1", "labels": {"kubernetes.io/service-name": "s08"}},
+     "addressType": "IPv4", "endpoints": [
+        {"addresses": ["10.244.3.6"], "conditions": {"ready": False, "serving": True},
+         "hints": {"forZones": [{"name": "zone-b"}]}},
+        {"addresses": ["10.244.2.6"], "nodeName": "node-b",
+         "hints": {"forZones": [{"name": "zone-a"}], "forNodes": [{"name": "node-b"}]}},
+        {"addresses": ["10.244.3.7"], "conditions": {"ready": True}, "nodeName": "node-c",
+         "hints": {"forZones": [{"name": "zone-b"}], "forNodes": [{"name": "node-c"}]}}]},
+]
+KUBE_PROXY_LOG = """\
+I1126 01:55:16.652199 3152 topology.go:198] "Ignoring same-node topology hints for service \
+since no hints were provided for node" service="10.96.227.169:80/UDP" node="diff-node"
+I1126 01:55:16.653855 3152 topology.go:208] "Ignoring same-zone topology hints for service \
+since node is missing label" service="10.96.227.169:80/UDP" label="topology.kubernetes.io/zone"
+I1126 01:55:16.663367 3152 topology.go:208] "Ignoring same-zone topology hints for service \
+since node is missing label" service="fd00:96::8003:8080/UDP" label="topology.kubernetes.io/zone"
+I1126 01:57:16.663367 3152 topology.go:210] "Ignoring same-zone topology hints for service \
+since no hints were provided for zone" service="fd00:96::8003:8080/UDP" zone="zone-c"
+"""
+
+
+def test_zone_unknown_reads_kube_proxys_last_decision_per_service_port() -> None:
+    assert D.zone_unknown(KUBE_PROXY_LOG) == {"10.96.227.169:80/UDP"}
+    assert D.zone_unknown("") == frozenset()
+
+
+@pytest.mark.parametrize("diff,log,expected", [
+    # kube-proxy has the endpoint of the other zone: it did not know it was in zone-a
+    (Difference("ipvs dest", "UDP 10.96.227.169:80 -> 10.244.3.7:28333", "-m -w 1", None),
+     KUBE_PROXY_LOG, "documented: kube-proxy did not know the node's zone"),
+    (Difference("ipvs dest", "UDP 203.0.113.85:80 -> 10.244.3.7:28333", "-m -w 1", None),
+     KUBE_PROXY_LOG, "documented: kube-proxy did not know the node's zone"),
+    # without kube-proxy saying so, the same difference is a finding
+    (Difference("ipvs dest", "UDP 10.96.227.169:80 -> 10.244.3.7:28333", "-m -w 1", None),
+     "", "unexplained: ipvs dest"),
+    # an endpoint of the node's own zone missing is never explained by it
+    (Difference("ipvs dest", "UDP 10.96.227.169:80 -> 10.244.2.6:28333", "-m -w 1", None),
+     KUBE_PROXY_LOG, "unexplained: ipvs dest"),
+    # nor one ipvsproxy has and kube-proxy has not
+    (Difference("ipvs dest", "UDP 10.96.227.169:80 -> 10.244.3.7:28333", None, "-m -w 1"),
+     KUBE_PROXY_LOG, "unexplained: ipvs dest"),
+])
+def test_kube_proxy_without_the_nodes_zone(diff: Difference, log: str, expected: str) -> None:
+    ctx = D.Context.from_objects(ZONE_OBJECTS)
+    ctx.kube_proxy_no_zone = D.zone_unknown(log)
+    assert D.classify(diff, ctx) == expected
