@@ -276,6 +276,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="a host folder the guest may write into (writes elsewhere vanish)")
     parser.add_argument("--network", action="store_true",
                         help="a NIC on qemu's user network, unconfigured (see run())")
+    parser.add_argument("--memory", default="2G",
+                        help="the guest's memory (qemu -m); make bench-large needs more than 2G")
     args = parser.parse_args(argv)
     # SIGTERM (timeout(1), CI cancellation) unwinds like Ctrl-C, so run() kills the guest.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -287,7 +289,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"lab kernel {kernel.version} cached in {kernel.vmlinuz.parent.parent}")
             return 0
         res = run(" ".join(args.command), timeout=args.timeout, stream=True, kernel=kernel,
-                  extra_rwdirs=[d.resolve() for d in args.rwdir], network=args.network)
+                  extra_rwdirs=[d.resolve() for d in args.rwdir], network=args.network,
+                  memory=args.memory)
     except LabError as exc:
         print(f"lab: {exc}", file=sys.stderr)
         return 3
