@@ -28,7 +28,7 @@ from ipvsproxy.config import Config
 from ipvsproxy.core import tables as T
 from ipvsproxy.core.desired import Desired, ServiceIndex, family_rules
 from ipvsproxy.core.ipset_text import SetSpec, capacity
-from ipvsproxy.core.ipvs import DestKey, ObservedService, RealServer, ServiceKey, VirtualServer
+from ipvsproxy.core.ipvs import DestKey, ObservedService, ServiceKey, VirtualServer
 from ipvsproxy.core.plan import Observed, Plan, chains_after, diff
 from ipvsproxy.core.rules import Rules
 
@@ -45,7 +45,10 @@ class Applied:
     families: tuple[int, ...]
     index: dict[ServiceId, ServiceIndex]
     services: dict[ServiceKey, VirtualServer]
-    dests: dict[ServiceKey, tuple[RealServer, ...]]
+    # real servers per virtual server, for the gauge: the incremental plan reads a changed
+    # service's real servers back from the kernel, so the RealServer values themselves are not
+    # kept (they were ~110 MB of the daemon at 50,000 services x 10 endpoints)
+    dest_counts: dict[ServiceKey, int]
     owners: dict[ServiceKey, str]
     key_owner: dict[ServiceKey, ServiceId]
     contested: frozenset[ServiceKey]
@@ -57,18 +60,19 @@ class Applied:
     rules: dict[int, Rules]
     specs: tuple[SetSpec, ...] = ()
     owners_version: int = 0  # bumped when `owners` changes: readers skip unchanged names
-    real_servers: int = 0  # sum of len(dests): kept up to date (a gauge reads it every sync)
+    real_servers: int = 0  # sum of dest_counts: kept up to date (a gauge reads it every sync)
 
     @classmethod
     def from_full(cls, des: Desired, specs: tuple[SetSpec, ...] | None = None) -> Applied:
         """`specs`: the sets as the kernel holds them after the full sync (Plan.specs), whose
         sizes restore scripts must repeat; `des.specs` when not given."""
-        a = cls(des.families, {}, dict(des.services), dict(des.dests), dict(des.owners), {},
+        a = cls(des.families, {}, dict(des.services),
+                {k: len(v) for k, v in des.dests.items()}, dict(des.owners), {},
                 des.contested, Counter(), Counter(), Counter(), Counter(), Counter(),
                 dict(des.rules), specs or des.specs)
         for sid, ix in des.index.items():
             a._add(sid, ix)
-        a.real_servers = sum(map(len, a.dests.values()))
+        a.real_servers = sum(a.dest_counts.values())
         return a
 
     # ------------------------------------------------------------------ reference counts
@@ -188,14 +192,14 @@ class Applied:
         owners_before = {k: self.owners.get(k) for k in touched}
         for k in scope:
             self.services.pop(k, None)
-            self.real_servers -= len(self.dests.pop(k, ()))
+            self.real_servers -= self.dest_counts.pop(k, 0)
             self.owners.pop(k, None)
         for sid, ix in part.index.items():
             self._add(sid, ix)
         self.services.update(part.services)
         for k, v in part.dests.items():
-            self.real_servers += len(v) - len(self.dests.get(k, ()))
-        self.dests.update(part.dests)
+            self.real_servers += len(v) - self.dest_counts.get(k, 0)
+            self.dest_counts[k] = len(v)
         self.owners.update(part.owners)
         if any(self.owners.get(k) != v for k, v in owners_before.items()):
             self.owners_version += 1
