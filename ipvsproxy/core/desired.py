@@ -422,7 +422,7 @@ def _compute_desired(snap: Snapshot, host: HostFacts, cfg: Config) -> Desired:
             for sp in svc.ports:
                 eps = port_endpoints(slices, sp, family, cfg.hostname)
                 cat = categorize(eps, svc, sp, zone, family, cfg.hostname)
-                local = [(e.addr, e.port) for e in eps if e.local]
+                local = [(e.addr, e.port) for e in eps if e.local and e.usable]
                 b.add_port(svc, sp, cat, local)
         fam_sets, fam_rules = b.finish()
         contested |= b.contested

@@ -32,6 +32,7 @@ class Ep(NamedTuple):
     zones: frozenset[str]
     has_hints: bool
     nodes: frozenset[str]
+    usable: bool = True  # False: refused (EndpointSlice.refused), counted but never programmed
 
     @property
     def serving_terminating(self) -> bool:
@@ -40,10 +41,12 @@ class Ep(NamedTuple):
 
 def port_endpoints(slices: Sequence[EndpointSlice], sp: ServicePort, family: int,
                    node_name: str) -> list[Ep]:
-    """Every endpoint of service port `sp` of `family`, de-duplicated by ip:port."""
+    """Every endpoint of service port `sp` of `family`, de-duplicated by ip:port; the refused
+    ones (usable=False) last, so that `categorize` can tell there are some from the last."""
     # keyed by the address as an int: IPv4Address hashes via hex() (a third of this function's
     # time at 100,000 endpoints); one family per call, so the int is unique
     found: dict[tuple[int, int], Ep] = {}
+    refused: list[tuple[int, EndpointSlice]] = []
     for sl in slices:
         if sl.family != family:
             continue
@@ -51,6 +54,8 @@ def port_endpoints(slices: Sequence[EndpointSlice], sp: ServicePort, family: int
                      if p.name == sp.name and p.protocol == sp.protocol), None)
         if port is None:
             continue
+        if sl.refused:
+            refused.append((port, sl))
         for e in sl.endpoints:
             local = bool(node_name) and e.node_name.lower() == node_name
             key = (int(e.addr), port)
@@ -58,6 +63,13 @@ def port_endpoints(slices: Sequence[EndpointSlice], sp: ServicePort, family: int
             if key not in found or local:
                 found[key] = Ep(e.addr, port, sl.weight, e.ready, e.serving, e.terminating,
                                 local, e.zone_hints, e.has_hints, e.node_hints)
+    for port, sl in refused:
+        for e in sl.refused:
+            key = (int(e.addr), port)
+            if key not in found:  # a refused spelling never stands in for a usable address
+                local = bool(node_name) and e.node_name.lower() == node_name
+                found[key] = Ep(e.addr, port, sl.weight, e.ready, e.serving, e.terminating,
+                                local, e.zone_hints, e.has_hints, e.node_hints, False)
     return list(found.values())
 
 
@@ -108,6 +120,11 @@ class Categorized:
 
 def categorize(eps: Sequence[Ep], svc: Service, sp: ServicePort, zone: str,
                family: int = 0, node_name: str = "") -> Categorized:
+    """CategorizeEndpoints. Refused endpoints (a multicast address, an ambiguous spelling)
+    are chosen as kube-proxy chooses them, then left out: kube-proxy counts them too (one
+    without hints turns topology off; a ready one stops the fallback to terminating ones) and
+    then fails to program them (the kernel refuses a multicast real server, ip_vs_ctl.c
+    ip_vs_new_dest). Found by the differential suite."""
     cluster: list[Ep] = []
     local: list[Ep] = []
     has_any = False
@@ -122,4 +139,7 @@ def categorize(eps: Sequence[Ep], svc: Service, sp: ServicePort, zone: str,
         local = [e for e in eps if e.local and e.ready]
         if not local:
             local = [e for e in eps if e.local and e.serving_terminating]
+    if eps and not eps[-1].usable:
+        cluster = [e for e in cluster if e.usable]
+        local = [e for e in local if e.usable]
     return Categorized(tuple(cluster), tuple(local), has_any)

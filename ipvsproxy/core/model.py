@@ -25,6 +25,7 @@ from ipvsproxy.core.validate import (
     is_dns1035_label,
     is_dns_label,
     printable,
+    refusal,
     special_address,
 )
 
@@ -133,6 +134,10 @@ class EndpointSlice:
     endpoints: tuple[Endpoint, ...]
     weight: int = 1  # ipvsproxy.io/weight
     trigger_time: str = ""
+    # Endpoints whose address ipvsproxy refuses to program (multicast, an ambiguous spelling)
+    # but kube-proxy reads and counts: they take part in choosing the endpoints (topology
+    # hints, the terminating fallback; endpoints.py) and are never programmed.
+    refused: tuple[Endpoint, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,6 +204,23 @@ def _ip(v: Any) -> IPAddress | None:
     return a
 
 
+def sloppy_ip(text: Any) -> IPAddress | None:
+    """The address kube-proxy reads from `text` (netutils.ParseIPSloppy, Go 1.16's net.ParseIP):
+    each IPv4 part decimal even with leading zeros, and an IPv4-mapped IPv6 address the IPv4
+    address (net.IP.To4). Only for endpoints that ipvsproxy refuses but kube-proxy counts."""
+    if not isinstance(text, str):
+        return None
+    parts = text.split(".")
+    if len(parts) == 4 and all(p.isascii() and p.isdigit() for p in parts):
+        nums = [int(p) for p in parts]
+        return IPv4Address(bytes(nums)) if max(nums) <= 255 else None
+    try:
+        a = ip_address(text)
+    except ValueError:
+        return None
+    return a.ipv4_mapped if isinstance(a, IPv6Address) and a.ipv4_mapped is not None else a
+
+
 def _parse_ip(text: str) -> IPAddress:
     """ip_address(text), sooner: ip_address is Python (1.5 us an IPv4 address, 3.4 us IPv6),
     and every pod a rollout replaces brings a new address. The C parser's result is taken only
@@ -230,7 +252,7 @@ def _timestamp(v: Any) -> str:
 def _special(a: IPAddress) -> str:
     """Why an external or load-balancer address is refused (ValidateNonSpecialIP), or ""."""
     why = special_address(a)
-    return f"{why}, which the API server refuses for a Service address" if why else ""
+    return refusal(why, "a Service address") if why else ""
 
 
 def _list(v: Any) -> list[Any]:

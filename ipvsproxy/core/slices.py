@@ -32,8 +32,9 @@ from ipvsproxy.core.model import (
     _list,
     _meta,
     _port,
+    sloppy_ip,
 )
-from ipvsproxy.core.validate import is_dns_label, is_dns_subdomain, special_address
+from ipvsproxy.core.validate import is_dns_label, is_dns_subdomain, refusal, special_address
 
 # Shared by every endpoint without zone hints: `frozenset()` builds a new 216-byte, GC-tracked
 # object each time (no empty singleton since Python 3.10), ten per event and 100k at 100k
@@ -115,6 +116,7 @@ def parse_endpoint_slice(obj: Mapping[str, Any], prev: EndpointSlice | None = No
     n_old = len(old_eps)
     af = AF_INET if family == 4 else AF_INET6
     eps: list[Endpoint] = []
+    refused: list[Endpoint] = []
     same = True  # every endpoint so far is prev's, at the same place
     for i, e in enumerate(_list(obj.get("endpoints"))):
         if not isinstance(e, _MAP):
@@ -133,6 +135,7 @@ def parse_endpoint_slice(obj: Mapping[str, Any], prev: EndpointSlice | None = No
             same_addr = k < n_old and int.from_bytes(inet_pton(af, text)) == int(old_eps[k].addr)
         except (OSError, TypeError, ValueError):  # not an address of this family, not a str
             same_addr = False
+        refuse = False
         if same_addr:
             a = old_eps[k].addr
         else:
@@ -140,11 +143,16 @@ def parse_endpoint_slice(obj: Mapping[str, Any], prev: EndpointSlice | None = No
             if parsed is None or parsed.__class__ is not addr_type:
                 problems.append(bad(f"endpoints[{i}] address {_list(addrs)[:1]!r} is not a "
                                     f"valid IPv{family} address; ignored"))
-                continue
-            if why := special_address(parsed):  # ValidateEndpointIP
-                problems.append(bad(f"endpoints[{i}] address {text!r} is {why}, which the API "
-                                    "server refuses for an endpoint; ignored"))
-                continue
+                # kube-proxy still counts what ParseIPSloppy reads in it (a leading zero, an
+                # IPv4-mapped spelling): kept aside as refused, see EndpointSlice.refused
+                parsed = sloppy_ip(text)
+                if parsed is None or parsed.__class__ is not addr_type:
+                    continue
+                refuse = True
+            elif why := special_address(parsed):  # ValidateEndpointIP, and any multicast
+                problems.append(bad(f"endpoints[{i}] address {text!r} is "
+                                    f"{refusal(why, 'an endpoint')}; ignored"))
+                refuse = True
             a = parsed
         cond = e.get("conditions")
         if cond is None or not isinstance(cond, _MAP):
@@ -165,6 +173,10 @@ def parse_endpoint_slice(obj: Mapping[str, Any], prev: EndpointSlice | None = No
         ready = ready if ready.__class__ is bool else True
         serving = serving if serving.__class__ is bool else True
         term = term if term.__class__ is bool else False
+        if refuse:
+            refused.append(Endpoint(a, ready, serving, term, _intern(node), zones, has_hints,
+                                    nodes))
+            continue
         if k < n_old and old_eps[k] == (a, ready, serving, term, node, zones, has_hints, nodes):
             ep = old_eps[k]
         else:
@@ -186,14 +198,17 @@ def parse_endpoint_slice(obj: Mapping[str, Any], prev: EndpointSlice | None = No
     trigger = ann.get(ANN_TRIGGER_TIME)
     trigger = trigger if isinstance(trigger, str) else ""
     port_t = tuple(ports)
+    refused_t = tuple(refused) if refused else ()
     if prev is not None:
         if port_t == prev.ports:  # by identity, unless a port changed
             port_t = prev.ports
         if same and len(eps) == n_old:  # every endpoint is prev's
             if old_eps is prev.endpoints and port_t is prev.ports and svc == prev.service \
                     and weight == prev.weight and trigger == prev.trigger_time \
-                    and ns == prev.namespace and name == prev.name:
+                    and ns == prev.namespace and name == prev.name \
+                    and refused_t == prev.refused:
                 return prev, problems
-            return (EndpointSlice(ns, name, svc, family, port_t, old_eps, weight, trigger),
-                    problems)
-    return EndpointSlice(ns, name, svc, family, port_t, tuple(eps), weight, trigger), problems
+            return (EndpointSlice(ns, name, svc, family, port_t, old_eps, weight, trigger,
+                                  refused_t), problems)
+    return (EndpointSlice(ns, name, svc, family, port_t, tuple(eps), weight, trigger, refused_t),
+            problems)

@@ -42,6 +42,14 @@ def special_address(a: IPAddress) -> str:
     return ""
 
 
+def refusal(why: str, what: str) -> str:
+    """`why` (from special_address) as a message says it. The API server lets multicast
+    addresses other than link-local ones in; IPVS cannot serve any."""
+    who = "ipvsproxy refuses (IPVS cannot serve it)" if why == "multicast" \
+        else "the API server refuses"
+    return f"{why}, which {who} for {what}"
+
+
 def is_dns_label(s: str) -> bool:
     """RFC 1123 label (IsDNS1123Label): what Service and EndpointSlice port names must be."""
     return (0 < len(s) <= 63 and s[0] in _ALNUM and s[-1] in _ALNUM

@@ -22,6 +22,7 @@ from tests.unit.kube_objects import (
     members,
     node,
     port,
+    problems,
     service,
     slice_,
     vs,
@@ -143,6 +144,38 @@ def test_topology_node_hints(endpoints: list[Any], expected: list[str]) -> None:
     """trafficDistribution PreferSameNode (GA in 1.35): topology.go topologyModeFromHints."""
     d = desired(policy_service(), slice_("svc", *endpoints), node(NODE, zone="z1"))
     assert vs(d)["TCP 10.96.0.1:80"] == expected
+
+
+# An endpoint whose address ipvsproxy refuses (multicast, which the API server lets in, or a
+# leading zero / IPv4-mapped spelling) is never programmed, but kube-proxy counts it when it
+# chooses the others (and then fails to add it: the kernel refuses a multicast real server).
+# Found by the differential suite: a hint-less multicast endpoint turned kube-proxy's node
+# topology off.
+@pytest.mark.parametrize("refused", ["233.252.1.129", "010.244.0.9", "::ffff:10.244.0.9"],
+                         ids=["multicast", "leading-zero", "ipv4-mapped"])
+@pytest.mark.parametrize("endpoints,expected", [
+    # without hints, it turns topology off for every other endpoint
+    ([ep("10.244.0.1", nodes=[NODE], zones=["z1"]), ep("10.244.0.2", nodes=["node-b"],
+                                                       zones=["z1"])], rs("1", "2")),
+    # ready, it stops the fallback to serving terminating endpoints: nothing is programmed
+    ([ep("10.244.0.1", **TERM)], []),
+], ids=["topology-off", "no-fallback"])
+def test_a_refused_endpoint_counts_as_kube_proxy_counts_it(
+        refused: str, endpoints: list[Any], expected: list[str]) -> None:
+    d = desired(policy_service(), slice_("svc", *endpoints, ep(refused)), node(NODE, zone="z1"))
+    assert vs(d)["TCP 10.96.0.1:80"] == expected
+    assert any(refused in p and "ignored" in p for p in problems(d)), problems(d)
+    # not ready, it changes nothing, as a not-ready endpoint never does: node topology in the
+    # first case, the fallback in the second
+    d = desired(policy_service(), slice_("svc", *endpoints, ep(refused, ready=False)),
+                node(NODE, zone="z1"))
+    assert vs(d)["TCP 10.96.0.1:80"] == rs("1")
+
+
+def test_a_refused_spelling_never_stands_in_for_a_usable_address() -> None:
+    d = desired(policy_service(), slice_("svc", ep("010.244.0.1"), ep("10.244.0.1", NODE)),
+                node(NODE))
+    assert vs(d)["TCP 10.96.0.1:80"] == rs("1")
 
 
 @pytest.mark.parametrize("slice_obj,expected", [

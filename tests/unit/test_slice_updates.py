@@ -118,6 +118,9 @@ RELEVANT = {
     "first endpoint removed": lambda o: o["endpoints"].pop(0),
     "endpoints reordered": lambda o: o["endpoints"].reverse(),
     "endpoint now invalid": edit("endpoints", 1, "addresses", to=["10.244.1.300"]),
+    # refused but counted (EndpointSlice.refused): the usable endpoints stay as they were
+    "a multicast endpoint added": lambda o: o["endpoints"].append(ep("233.252.1.1")),
+    "a leading-zero endpoint added": lambda o: o["endpoints"].append(ep("010.244.1.9")),
     "port number": edit("ports", 0, "port", to=8081),
     "port name": edit("ports", 1, "name", to="dns2"),
     "port protocol": edit("ports", 1, "protocol", to="TCP"),
