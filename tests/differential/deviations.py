@@ -267,15 +267,19 @@ def _claimed_twice(d: Difference, c: Context) -> bool:
 
 def _tenant_address(d: Difference, c: Context) -> bool:
     """About an externalIP or LB ingress IP inside the service ranges or equal to a node
-    address, which kube-proxy programs and ipvsproxy refuses."""
+    address, which kube-proxy programs and ipvsproxy refuses. Where it is a ClusterIP too
+    (a Service's own, say), kube-proxy writes that virtual server twice, the externalIP's
+    real servers (Local policy: this node's only) over the ClusterIP's, so ipvsproxy alone
+    has the ClusterIP's others."""
+    ips = ips_in(d.key)
     if d.candidate is not None:
-        return False
+        if d.reference is not None or d.kind != "ipvs dest":
+            return False
+        ips = ips_in(vs_of(d))
     nets = [ip_network(n) for n in c.service_cidrs]
     nodes = {_sloppy(a) for a in c.node_ips}
-    for ip in ips_in(d.key) & c.tenant_ips:
-        if ip in nodes or any(ip_address(ip) in n for n in nets):
-            return True
-    return False
+    return any(ip in nodes or any(ip_address(ip) in n for n in nets)
+               for ip in ips & c.tenant_ips)
 
 
 def _special(ip: str) -> bool:
