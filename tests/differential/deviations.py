@@ -18,6 +18,7 @@ from ipaddress import ip_address, ip_network
 from pathlib import Path
 from typing import Any
 
+from ipvsproxy.core.model import sloppy_ip
 from tests.differential.cluster import LABEL_SERVICE_NAME, Params
 from tests.differential.snapshot import Difference
 
@@ -27,15 +28,10 @@ Obj = dict[str, Any]
 
 
 def _sloppy(text: str) -> str | None:
-    """An address as kube-proxy parses it (netutils.ParseIPSloppy: leading zeros decimal)."""
-    try:
-        if "." in text and ":" not in text:
-            return str(ip_address(".".join(str(int(x)) for x in text.split("."))))
-        a = ip_address(text)
-    except ValueError:
-        return None
-    # Go's net.IP: an IPv4-mapped IPv6 address is the IPv4 address (To4() is not nil)
-    return str(a.ipv4_mapped) if a.version == 6 and a.ipv4_mapped is not None else str(a)
+    """An address as kube-proxy parses it (netutils.ParseIPSloppy: leading zeros decimal, an
+    IPv4-mapped address the IPv4 one), as text; the product reads refused endpoints so too."""
+    a = sloppy_ip(text)
+    return None if a is None else str(a)
 
 
 @dataclass
