@@ -136,6 +136,21 @@ def test_health_check_ports_follow_each_change() -> None:
     assert s.health_check_ports() == {("default", "b"): (32002, 1)}  # nothing changed since
 
 
+def test_health_check_counts_only_endpoints_it_programs() -> None:
+    """A local ready endpoint ipvsproxy refuses (multicast, a leading zero) is not counted:
+    kube-proxy counts it (its EndpointsMap holds every ParseIPSloppy address), but here it has
+    no real server, so a node with only such an endpoint would take LB traffic it drops."""
+    s = store()
+    svc = service("a", "10.96.0.1", type_="LoadBalancer", ingress=["203.0.113.1"],
+                  externalTrafficPolicy="Local", healthCheckNodePort=32001)
+    listed(s, [svc], [slice_("a", ep("239.1.1.9", NODE), ep("010.244.0.1", NODE), name="a-1")])
+    assert [len(x.refused) for x in s.snapshot().slices] == [2]
+    assert s.health_check_ports() == {("default", "a"): (32001, 0)}
+    s.event("EndpointSlice", "MODIFIED",
+            slice_("a", ep("239.1.1.9", NODE), ep("10.244.0.1", NODE), name="a-1"))
+    assert s.health_check_ports() == {("default", "a"): (32001, 1)}
+
+
 def test_a_list_goes_in_page_by_page_and_only_a_complete_one_deletes() -> None:
     s = store()
     listed(s, [service("a", "10.96.0.1"), service("b", "10.96.0.2"), service("c", "10.96.0.3")],
