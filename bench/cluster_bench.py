@@ -7,11 +7,12 @@ cluster (bench/cluster_gen.py: 10,000 services x 10 endpoints and default/kubern
    services,endpointslices,nodes -A -o json` / `-o yaml` write it), each against the C tools
    doing the same kernel work: what our sync left (`ipvsadm -Sn`, `ipset save`,
    `iptables-save`, the kube-ipvs0 addresses) loaded again from empty by `ipset restore`,
-   `iptables-restore`, `ipvsadm -R` and `ip -batch`. Also the same sync forked from a process
-   with the imports done (labelled preloaded), the moment the kubernetes ClusterIP first
-   answers (a prober connects to 10.96.0.1:443 every 20 ms and counts it up only when the API
-   "server", a listener in a network namespace of its own behind IPVS, sends its banner), and
-   the sets' fill after the sync (members against maxelem: no overflow).
+   `iptables-restore`, `ipvsadm -R` and `ip -batch`. Also the moment the kubernetes ClusterIP
+   first answers (a prober connects to 10.96.0.1:443 every 20 ms and counts it up only when the
+   API "server", a listener in a network namespace of its own behind IPVS, sends its banner),
+   where the command's time went before that (its log line: the sync's own seconds, and when
+   it had programmed the first services), and the sets' fill after the sync (members against
+   maxelem: no overflow).
 2. Full resync with nothing to change: observe + diff in process (the daemon holds the desired
    state already), against `ipvsadm -Sn` + `ipset save`: the best of RESYNC_REPEAT runs of
    each, taken in turn (a run is seconds, and both sides vary by 10-20% under emulation).
@@ -188,20 +189,26 @@ def ipset_fill() -> list[tuple[str, int, int]]:
     return out
 
 
+def sync_log(stderr: str) -> dict[str, Any]:
+    """The `sync` line of `ipvsproxy --log-format json sync --once`'s log."""
+    for line in stderr.splitlines():
+        if line.startswith("{"):
+            entry = json.loads(line)
+            if entry.get("event") == "sync":
+                return dict(entry)
+    raise AssertionError(f"no sync line in the log: {stderr[-2000:]}")
+
+
 def cold_start(paths: dict[str, Path], n_vs: int, repeat: int, row: Row,
-               info: Callable[[str, Any], None], preloaded: bool = True) -> None:
+               info: Callable[[str, Any], None]) -> None:
     """Each run: `ipvsproxy sync --once --from-file` from an empty kernel, the installed
     command in a new process (interpreter start and imports included), from each of `paths`
-    (JSON, YAML); the same from a process with the imports done (tests/kernel/forked.py) if
-    `preloaded`; then the C tools loading what the first sync left. The kernel is cleaned
+    (JSON, YAML); then the C tools loading what the first sync left. The kernel is cleaned
     before each."""
-    from tests.kernel import forked
-
     argv = command()
     ours: dict[str, list[float]] = {k: [] for k in paths}
     firsts: dict[str, list[float]] = {k: [] for k in paths}
-    pre: list[float] = []
-    pre_firsts: list[float] = []
+    logs: dict[str, list[dict[str, Any]]] = {k: [] for k in paths}
     theirs: list[float] = []
     script: list[tuple[str, str]] = []
     saved = ""
@@ -211,7 +218,8 @@ def cold_start(paths: dict[str, Path], n_vs: int, repeat: int, row: Row,
             probe = Prober()
             probe.start()
             t0 = time.perf_counter()
-            p = subprocess.run([*argv, "sync", "--once", "--from-file", str(path), *FLAGS],
+            p = subprocess.run([*argv, "--log-format", "json", "sync", "--once", "--from-file",
+                                str(path), *FLAGS],
                                capture_output=True, text=True, timeout=6000, check=False)
             ours[kind].append(time.perf_counter() - t0)
             probe.stop.set()
@@ -219,6 +227,7 @@ def cold_start(paths: dict[str, Path], n_vs: int, repeat: int, row: Row,
             assert p.returncode == 0, p.stderr[-2000:]
             assert probe.answered is not None, "the kubernetes ClusterIP never answered"
             firsts[kind].append(probe.answered)
+            logs[kind].append(sync_log(p.stderr))
             print(f"measured: cold start, the command from {kind}, {ours[kind][-1]:.1f}s, "
                   f"kubernetes answered at {probe.answered:.2f}s", flush=True)
             if not script:
@@ -233,19 +242,6 @@ def cold_start(paths: dict[str, Path], n_vs: int, repeat: int, row: Row,
                     "maxelem", 0.999, unit="")
             else:
                 assert sh("ipvsadm -Sn") == saved, f"the sync from {kind} differs"
-        if preloaded:
-            first = next(iter(paths.values()))
-            clean()
-            probe = Prober()
-            probe.start()
-            t0 = time.perf_counter()
-            forked.check("sync", "--once", "--from-file", str(first), *FLAGS)
-            pre.append(time.perf_counter() - t0)
-            probe.stop.set()
-            probe.join()
-            pre_firsts.append(probe.answered or float("nan"))
-            print(f"measured: cold start, preloaded, {pre[-1]:.1f}s, kubernetes answered at "
-                  f"{pre_firsts[-1]:.2f}s", flush=True)
         clean()
         t0 = time.perf_counter()
         for cmd, text in script:
@@ -258,12 +254,14 @@ def cold_start(paths: dict[str, Path], n_vs: int, repeat: int, row: Row,
     for kind in paths:
         row(f"cold start {n_vs} VS, {n_rs} RS, `ipvsproxy sync --once` from {kind}",
             min(ours[kind]), min(theirs), ref, 1.0)
-    if pre:
-        row("cold start, preloaded (imports done before the clock)", min(pre), min(theirs),
-            ref, 1.0)
-        j = pre.index(min(pre))
-        info("  first service (kubernetes) answers, preloaded",
-             f"{pre_firsts[j]:.2f}s of {pre[j]:.1f}s ({pre_firsts[j] / pre[j]:.3f})")
+    for kind in paths:
+        # before the sync's clock: interpreter start, imports, reading and parsing the file
+        i = ours[kind].index(min(ours[kind]))
+        log = logs[kind][i]
+        before = ours[kind][i] - log["seconds"]
+        info(f"  the command from {kind}: before the sync (start, imports, reading the file)",
+             f"{before:.2f}s; first services programmed {log.get('first_services_seconds')}s "
+             f"into the sync; the sync {log['seconds']:.1f}s")
     kind = next(iter(paths))
     i = ours[kind].index(min(ours[kind]))
     row(f"  first service (kubernetes) answers, the command from {kind}", firsts[kind][i],
@@ -418,15 +416,14 @@ def memory_target(services: int) -> float:
 
 
 def run_all(row: Row, info: Callable[[str, Any], None], services: int, dests: int,
-            changes: int, repeat: int, tmp: Path, preloaded: bool = True) -> None:
+            changes: int, repeat: int, tmp: Path) -> None:
     node_up()
     try:
         docs = generate(services, dests)
         path, yaml_path = write_dumps(docs, tmp)
         des = desired(docs)
         warm_up(tmp)
-        cold_start({"JSON": path, "YAML": yaml_path}, len(des.services), repeat, row, info,
-                   preloaded)
+        cold_start({"JSON": path, "YAML": yaml_path}, len(des.services), repeat, row, info)
         # the kernel holds what the last ipvsproxy sync made only before the C tools' turn:
         # program it again (untimed), then resync
         clean()

@@ -112,8 +112,6 @@ def main() -> int:
     ap.add_argument("--cluster-dests", type=int, default=10)
     ap.add_argument("--changes", type=int, default=200)
     ap.add_argument("--cluster-repeat", type=int, default=1)
-    ap.add_argument("--no-preloaded", action="store_true",
-                    help="skip the cold start forked with its imports done (one run fewer)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
     args = ap.parse_args()
     sh("modprobe -a ip_vs ip_vs_rr")
@@ -230,8 +228,7 @@ def main() -> int:
 
         with tempfile.TemporaryDirectory(prefix="cluster-bench-") as tmp:
             cluster_bench.run_all(row, info, args.cluster_services, args.cluster_dests,
-                                  args.changes, args.cluster_repeat, Path(tmp),
-                                  preloaded=not args.no_preloaded)
+                                  args.changes, args.cluster_repeat, Path(tmp))
 
     kernel = os.uname().release
     out = Path(args.out)
