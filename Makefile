@@ -62,7 +62,7 @@ bench: setup
 		'python -m bench.kernel_bench $(BENCH_ARGS)'
 
 # The same at 50,000 services x 10 endpoints (issue 22, item 3; not part of `make bench`, not in
-# CI, about two hours in the lab (2 h 7 min on 2026-11-26)): desired state on the host (<= 2.5 s), then in the lab
+# CI, 2 h 7 min on 2026-11-26): desired state on the host (<= 2.5 s), then in the lab
 # the cold starts, full resync, one endpoint change's p99 against 100 services, the daemon's
 # memory (<= 450 MB at this size) and the sets' fill against maxelem. The guest gets 8G: the
 # bench's own copy of the cluster, the test API server and the daemon at 50,000 services

@@ -254,16 +254,16 @@ def cold_start(paths: dict[str, Path], n_vs: int, repeat: int, row: Row,
     for kind in paths:
         row(f"cold start {n_vs} VS, {n_rs} RS, `ipvsproxy sync --once` from {kind}",
             min(ours[kind]), min(theirs), ref, 1.0)
-    for kind in paths:
+    best = {kind: ours[kind].index(min(ours[kind])) for kind in paths}  # the fastest run's
+    for kind, i in best.items():
         # before the sync's clock: interpreter start, imports, reading and parsing the file
-        i = ours[kind].index(min(ours[kind]))
         log = logs[kind][i]
         before = ours[kind][i] - log["seconds"]
         info(f"  the command from {kind}: before the sync (start, imports, reading the file)",
              f"{before:.2f}s; first services programmed {log.get('first_services_seconds')}s "
              f"into the sync; the sync {log['seconds']:.1f}s")
     kind = next(iter(paths))
-    i = ours[kind].index(min(ours[kind]))
+    i = best[kind]
     row(f"  first service (kubernetes) answers, the command from {kind}", firsts[kind][i],
         ours[kind][i], "the cold start", 0.05)
 

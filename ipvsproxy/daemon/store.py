@@ -202,11 +202,11 @@ class Store:
 
     def health_check_ports(self) -> dict[ServiceId, tuple[int, int]]:
         """LoadBalancer services with externalTrafficPolicy Local: their health-check node port
-        and how many ready, not terminating endpoints (distinct IPs, refused ones left out:
-        they have no real server) this node has. Kept per
-        service and worked out again only for the services changed since the last call: the
-        daemon asks after every sync, and walking every endpoint of the cluster each time made
-        one endpoint change cost more the bigger the cluster."""
+        and how many ready, not terminating endpoints (distinct IPs; refused ones are left
+        out, as they have no real server) this node has. Kept per service and worked out again
+        only for the services changed since the last call: the daemon asks after every sync,
+        and walking every endpoint of the cluster each time made one endpoint change cost more
+        the bigger the cluster."""
         with self._cond:
             for sid in self._hc_dirty:
                 svc = self.services.get(sid)
