@@ -30,6 +30,7 @@ Other commands (the daemon, untimed syncs) run forked from a process that import
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import random
 import re
@@ -40,6 +41,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from datetime import datetime
 from ipaddress import ip_address
 from pathlib import Path
 from typing import Any
@@ -201,17 +203,25 @@ def sync_log(stderr: str) -> dict[str, Any]:
 
 def cold_start(paths: dict[str, Path], n_vs: int, repeat: int, row: Row,
                info: Callable[[str, Any], None]) -> None:
-    """Each run: `ipvsproxy sync --once --from-file` from an empty kernel, the installed
-    command in a new process (interpreter start and imports included), from each of `paths`
-    (JSON, YAML); then the C tools loading what the first sync left. The kernel is cleaned
+    """Run when the kernel holds what an untimed sync of the cluster made: the C tools' input is
+    taken from it. Each run then: `ipvsproxy sync --once --from-file` from an empty kernel, the
+    installed command in a new process (interpreter start and imports included), from each of
+    `paths` (JSON, YAML); then the C tools loading the same state. The kernel is cleaned
     before each."""
     argv = command()
+    script = c_tools_script()
+    saved = sh("ipvsadm -Sn")
+    assert saved.count("-A ") == n_vs, (saved.count("-A "), n_vs)
+    fill = ipset_fill()
+    name, members, maxelem = max(fill, key=lambda f: f[1] / f[2])
+    info("ipset sets after the sync (set: members / maxelem or range)",
+         ", ".join(f"{n}: {k}/{x}" for n, k, x in fill))
+    row(f"ipset fullest set ({name}), members / maxelem", members, maxelem, "maxelem", 0.999,
+        unit="")
     ours: dict[str, list[float]] = {k: [] for k in paths}
     firsts: dict[str, list[float]] = {k: [] for k in paths}
     logs: dict[str, list[dict[str, Any]]] = {k: [] for k in paths}
     theirs: list[float] = []
-    script: list[tuple[str, str]] = []
-    saved = ""
     for _ in range(repeat):
         for kind, path in paths.items():
             clean()
@@ -230,18 +240,7 @@ def cold_start(paths: dict[str, Path], n_vs: int, repeat: int, row: Row,
             logs[kind].append(sync_log(p.stderr))
             print(f"measured: cold start, the command from {kind}, {ours[kind][-1]:.1f}s, "
                   f"kubernetes answered at {probe.answered:.2f}s", flush=True)
-            if not script:
-                script = c_tools_script()
-                saved = sh("ipvsadm -Sn")
-                assert saved.count("-A ") == n_vs, (saved.count("-A "), n_vs)
-                fill = ipset_fill()
-                name, members, maxelem = max(fill, key=lambda f: f[1] / f[2])
-                info("ipset sets after the cold start (set: members / maxelem or range)",
-                     ", ".join(f"{n}: {k}/{x}" for n, k, x in fill))
-                row(f"ipset fullest set ({name}), members / maxelem", members, maxelem,
-                    "maxelem", 0.999, unit="")
-            else:
-                assert sh("ipvsadm -Sn") == saved, f"the sync from {kind} differs"
+            assert sh("ipvsadm -Sn") == saved, f"the sync from {kind} differs"
         clean()
         t0 = time.perf_counter()
         for cmd, text in script:
@@ -274,7 +273,7 @@ RESYNC_REPEAT = 3
 
 
 def resync(des: Any, repeat: int, row: Row) -> None:
-    """Run after an ipvsproxy cold start: the kernel already holds `des`."""
+    """Run after an ipvsproxy sync of the cluster: the kernel already holds `des`."""
     repeat = max(repeat, RESYNC_REPEAT)
     from ipvsproxy.core.gcpause import paused
     from ipvsproxy.core.plan import diff
@@ -325,6 +324,11 @@ def daemon_run(n: int, m: int, changes: int, tmp: Path) -> dict[str, Any]:
     api = ApiServer()
     api.start()
     api.load(docs)
+    del docs  # the API server holds its own copy; the changes need only the Services
+    # this process (the test API server, the poller) now holds two copies of the cluster:
+    # out of its collector's way, so that its collections do not land on the measured changes
+    gc.collect()
+    gc.freeze()
     t0 = time.perf_counter()
     d = forked.start(["--log-format", "json", "run", "--kubeconfig",
                       str(api.kubeconfig(tmp / "kubeconfig")), *FLAGS,
@@ -336,7 +340,7 @@ def daemon_run(n: int, m: int, changes: int, tmp: Path) -> dict[str, Any]:
                      tmp / f"daemon-{n}.log")
     out: dict[str, Any] = {}
     try:
-        want = len([d for d in docs if d["kind"] == "Service"])  # >= 1 VS each
+        want = len(services)  # >= 1 VS each
         while True:
             got = _metrics()
             if got.get('ipvsproxy_syncs_total{mode="full",result="ok"}', 0) >= 1:
@@ -361,6 +365,7 @@ def daemon_run(n: int, m: int, changes: int, tmp: Path) -> dict[str, Any]:
         first = _metrics()
         before = operations(first)
         lat = []
+        starts = []  # wall clock at each update, to find the daemon's syncs in the log
         with IpvsClient() as ipvs:
             for _ in range(changes):
                 i = rng.choice(clusterip)
@@ -375,6 +380,7 @@ def daemon_run(n: int, m: int, changes: int, tmp: Path) -> dict[str, Any]:
                 key = ServiceKey.inet(Protocol[port["protocol"]],
                                       ip_address(svc["spec"]["clusterIP"]), port["port"])
                 new = ip_address(pod_ip(i, j, m, version))
+                starts.append(time.time())
                 t1 = time.perf_counter()
                 api.put(endpoint_slice(i, svc, m, version))
                 while True:
@@ -396,6 +402,7 @@ def daemon_run(n: int, m: int, changes: int, tmp: Path) -> dict[str, Any]:
         spent = last.get(name.format("sum"), 0) - first.get(name.format("sum"), 0)
         out["sync_mean"] = spent / syncs if syncs else float("nan")
         out["syncs"] = syncs
+        out["slowest"] = slowest(lat, starts, tmp / f"daemon-{n}.log")
         lat.sort()
         out["p50"] = statistics.median(lat)
         out["p99"] = lat[max(0, round(0.99 * len(lat)) - 1)]
@@ -407,6 +414,28 @@ def daemon_run(n: int, m: int, changes: int, tmp: Path) -> dict[str, Any]:
     return out
 
 
+def slowest(lat: list[float], starts: list[float], log: Path, k: int = 4) -> str:
+    """The k slowest changes, each with the syncs the daemon logged while it waited (mode and
+    seconds): whether the time went into a sync or before it (the event's way to the store)."""
+    syncs = []
+    for line in log.read_text().splitlines():
+        if line.startswith("{") and '"sync"' in line:
+            e = json.loads(line)
+            if e.get("event") == "sync":
+                end = datetime.fromisoformat(e["timestamp"].replace("Z", "+00:00")).timestamp()
+                syncs.append((end, e.get("mode"), e.get("seconds", 0.0)))
+    out = []
+    for i in sorted(range(len(lat)), key=lambda i: -lat[i])[:k]:
+        t, d = starts[i], lat[i]
+        # a sync that started after the update and before the kernel held it (its log line
+        # may come after the poller saw the change)
+        inside = [f"{mode} {sec * 1000:.0f} ms" for end, mode, sec in syncs
+                  if t <= end - sec <= t + d]
+        out.append(f"{d * 1000:.0f} ms (change {i}; syncs started in it: "
+                   f"{', '.join(inside) or 'none'})")
+    return "; ".join(out)
+
+
 # ------------------------------------------------------------------------------- all
 
 def memory_target(services: int) -> float:
@@ -415,23 +444,34 @@ def memory_target(services: int) -> float:
     return 150.0 + max(0, services - 10000) * (450.0 - 150.0) / 40000
 
 
+def syncs(row: Row, info: Callable[[str, Any], None], services: int, dests: int, repeat: int,
+          tmp: Path) -> None:
+    """1. and 2.: the cold starts and the resync."""
+    from tests.kernel import forked
+
+    docs = generate(services, dests)
+    path, yaml_path = write_dumps(docs, tmp)
+    des = desired(docs)
+    del docs
+    warm_up(tmp)
+    # an untimed sync of the whole cluster first: the resync needs the kernel to hold it,
+    # and the C tools' input is taken from it. It also makes every timed run a second one
+    # for the kernel: at 50,000 services the first timed sync once took ~170 s longer than
+    # the next (one sample each), which no later order would have charged to the C tools
+    clean()
+    forked.check("sync", "--once", "--from-file", str(path), *FLAGS)
+    n_vs = len(des.services)
+    resync(des, repeat, row)
+    del des
+    cold_start({"JSON": path, "YAML": yaml_path}, n_vs, repeat, row, info)
+
+
 def run_all(row: Row, info: Callable[[str, Any], None], services: int, dests: int,
-            changes: int, repeat: int, tmp: Path) -> None:
+            changes: int, repeat: int, tmp: Path, daemon_only: bool = False) -> None:
     node_up()
     try:
-        docs = generate(services, dests)
-        path, yaml_path = write_dumps(docs, tmp)
-        des = desired(docs)
-        warm_up(tmp)
-        cold_start({"JSON": path, "YAML": yaml_path}, len(des.services), repeat, row, info)
-        # the kernel holds what the last ipvsproxy sync made only before the C tools' turn:
-        # program it again (untimed), then resync
-        clean()
-        from tests.kernel import forked
-
-        forked.check("sync", "--once", "--from-file", str(path), *FLAGS)
-        resync(des, repeat, row)
-        del docs, des
+        if not daemon_only:
+            syncs(row, info, services, dests, repeat, tmp)
         small = daemon_run(100, dests, changes, tmp)
         big = daemon_run(services, dests, changes, tmp)
         for size, r in ((100, small), (services, big)):
@@ -440,6 +480,7 @@ def run_all(row: Row, info: Callable[[str, Any], None], services: int, dests: in
                  f"{r['p50'] * 1000:.0f} / {r['p99'] * 1000:.0f} ms")
             info(f"daemon at {size} services: its own time per sync (mean of {r['syncs']:.0f})",
                  f"{r['sync_mean'] * 1000:.0f} ms")
+            info(f"daemon at {size} services: the slowest changes", r["slowest"])
             info(f"daemon at {size} services: kernel operations for {changes} changes",
                  json.dumps(r["ops"], sort_keys=True))
         row(f"endpoint change p99, {services} vs 100 services", big["p99"], small["p99"],
