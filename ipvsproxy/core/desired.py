@@ -415,10 +415,10 @@ def _compute_desired(snap: Snapshot, host: HostFacts, cfg: Config) -> Desired:
                                                 f"{svc.key}:{sp.name}" if sp.name else svc.key)
         b = _Builder(family, cfg, host, primary, zone, cluster_keys)
         for svc in ordered:
-            b.acc = accs.setdefault((svc.namespace, svc.name), _IndexAcc())
+            b.acc = accs.setdefault(svc.sid, _IndexAcc())
             if not any(c.version == family for c in svc.cluster_ips):
                 continue
-            slices = by_svc.get((svc.namespace, svc.name), [])
+            slices = by_svc.get(svc.sid, [])
             for sp in svc.ports:
                 eps = port_endpoints(slices, sp, family, cfg.hostname)
                 cat = categorize(eps, svc, sp, zone, family, cfg.hostname)

@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network, ip_address, ip_network
 from socket import AF_INET, AF_INET6, inet_ntop, inet_pton
-from typing import Any, NamedTuple
+from sys import intern as _intern
+from typing import Any, NamedTuple, TypeVar
 
 from ipvsproxy.core.validate import (
     is_dns1035_label,
@@ -97,6 +98,13 @@ class Service:
     # as the API server writes it, so text order is time order; "" (no timestamp) is youngest.
     created: str = ""
     uid: str = ""
+    # (namespace, name): the one tuple the store's dicts, the desired state's index and the
+    # daemon's applied state all key this service by (three equal tuples per service were
+    # 5.6 MB at 50,000 services). Not compared, not given: it follows from the two fields.
+    sid: tuple[str, str] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "sid", (self.namespace, self.name))
 
     @property
     def key(self) -> str:
@@ -158,7 +166,9 @@ def _meta(obj: Mapping[str, Any]) -> tuple[str, str, Mapping[str, Any]]:
         meta = {}
     ns = meta.get("namespace")
     name = meta.get("name")
-    return (ns if isinstance(ns, str) else "", name if isinstance(name, str) else "", meta)
+    # a namespace is one string (sys.intern), not one per object: a cluster has few of them
+    ns = _intern(ns) if ns.__class__ is str else ns if isinstance(ns, str) else ""
+    return (ns, name if isinstance(name, str) else "", meta)
 
 
 def _str_map(v: Any) -> dict[str, str]:
@@ -202,6 +212,27 @@ def _ip(v: Any) -> IPAddress | None:
         _IPS.clear()
     _IPS[v] = a
     return a
+
+
+# Equal port values (and tuples of them) shared between objects: most Services and EndpointSlices
+# of a cluster repeat a few ports (80/TCP "http"...), and each value is 56 to 64 bytes, each
+# tuple of them 48 more (9 MB at 50,000 services x 10 endpoints). Frozen, so sharing is safe;
+# bounded as _IPS is (cleared when full).
+_SHARED: dict[Any, Any] = {}
+_SHARED_MAX = 1 << 12
+_T = TypeVar("_T")
+_SERVICE_TYPES = {t: t for t in ("ClusterIP", "NodePort", "LoadBalancer")}
+
+
+def shared(v: _T) -> _T:
+    """The value held for `v` (hashable, immutable, equal to it), or `v`, now held."""
+    got = _SHARED.get(v)
+    if got is not None:
+        return got  # type: ignore[no-any-return]
+    if len(_SHARED) >= _SHARED_MAX:
+        _SHARED.clear()
+    _SHARED[v] = v
+    return v
 
 
 def sloppy_ip(text: Any) -> IPAddress | None:
@@ -351,7 +382,7 @@ def parse_service(obj: Mapping[str, Any]) -> tuple[Service | None, list[Problem]
         seen.add((pname, Proto(proto_raw)))
         if stype == "ClusterIP":
             node_port = 0
-        ports.append(ServicePort(pname, Proto(proto_raw), port, node_port))
+        ports.append(shared(ServicePort(pname, Proto(proto_raw), port, node_port)))
     ext: list[IPAddress] = []
     for raw in _list(spec.get("externalIPs")):
         a = _ip(raw)
@@ -412,9 +443,10 @@ def parse_service(obj: Mapping[str, Any]) -> tuple[Service | None, list[Problem]
     sched, flags, ann_problems = _annotations(_str_map(meta.get("annotations")))
     problems.extend(bad(p) for p in ann_problems)
     uid = meta.get("uid")
-    svc = Service(ns, name, stype, tuple(cluster_ips), tuple(ports), tuple(ext), tuple(lb),
-                  tuple(ranges), ext_local,
-                  int_local, timeout, hc if ext_local else 0, sched, flags, "",
+    # the type's text is one of three: one string each, not one per Service
+    svc = Service(ns, name, _SERVICE_TYPES[stype], tuple(cluster_ips), shared(tuple(ports)),
+                  tuple(ext), tuple(lb), tuple(ranges), ext_local, int_local, timeout,
+                  hc if ext_local else 0, sched, flags, "",
                   _timestamp(meta.get("creationTimestamp")), uid if isinstance(uid, str) else "")
     return svc, problems
 

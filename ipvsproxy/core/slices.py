@@ -32,6 +32,7 @@ from ipvsproxy.core.model import (
     _list,
     _meta,
     _port,
+    shared,
     sloppy_ip,
 )
 from ipvsproxy.core.validate import is_dns_label, is_dns_subdomain, refusal, special_address
@@ -111,7 +112,7 @@ def parse_endpoint_slice(obj: Mapping[str, Any], prev: EndpointSlice | None = No
                 and o.protocol is proto:
             ports.append(o)
         else:
-            ports.append(SlicePort(pname, proto, port))
+            ports.append(shared(SlicePort(pname, proto, port)))
     old_eps = prev.endpoints if prev is not None else ()
     n_old = len(old_eps)
     af = AF_INET if family == 4 else AF_INET6
@@ -197,7 +198,7 @@ def parse_endpoint_slice(obj: Mapping[str, Any], prev: EndpointSlice | None = No
                                 "integer in 0..65535; using 1"))
     trigger = ann.get(ANN_TRIGGER_TIME)
     trigger = trigger if isinstance(trigger, str) else ""
-    port_t = tuple(ports)
+    port_t = shared(tuple(ports))  # most slices of a cluster list the same few ports
     refused_t = tuple(refused) if refused else ()
     if prev is not None:
         if port_t == prev.ports:  # by identity, unless a port changed

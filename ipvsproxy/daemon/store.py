@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
+from sys import intern
 from typing import Any
 
 import structlog
@@ -260,7 +261,14 @@ class Store:
             self._report(kind, key, probs)
             if svc is None:
                 self._delete(kind, key, keep_problems=True)
-            elif self.services.get(key) != svc:
+            elif (held := self.services.get(key)) != svc:
+                if held is None:
+                    # keyed by the Service's own sid, which the desired state's index keys it
+                    # by too (one tuple, not three), and so are its slices, if they came first
+                    key = svc.sid
+                    keys = self._slices_of.pop(key, None)
+                    if keys is not None:
+                        self._slices_of[key] = keys
                 self.services[key] = svc
                 self._service_changed(key)
         elif kind == "EndpointSlice":
@@ -282,6 +290,8 @@ class Store:
                     self._endpoints_changed((old.namespace, old.service))
                 keys = self._slices_of.get(sid, ())
                 if key not in keys:
+                    if not keys and (svc := self.services.get(sid)) is not None:
+                        sid = svc.sid  # the service's key tuple, not one more
                     self._slices_of[sid] = (*keys, key)
             if sl.trigger_time:
                 t = _parse_time(sl.trigger_time)
@@ -360,7 +370,10 @@ def _key(obj: Mapping[str, Any]) -> tuple[str, str]:
     if not isinstance(meta, Mapping):
         return ("", "")
     ns, name = meta.get("namespace"), meta.get("name")
-    return (ns if isinstance(ns, str) else "", name if isinstance(name, str) else "")
+    # the namespace interned, as the parsers have it (core/model.py _meta): one string per
+    # namespace, not one per object held
+    ns = intern(ns) if ns.__class__ is str else ns if isinstance(ns, str) else ""
+    return (ns, name if isinstance(name, str) else "")
 
 
 def _parse_time(text: str) -> float | None:
