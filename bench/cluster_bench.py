@@ -19,7 +19,10 @@ cluster (bench/cluster_gen.py: 10,000 services x 10 endpoints and default/kubern
 3. One endpoint change through the daemon (`ipvsproxy run` against the test API server): 200
    EndpointSlice updates, each replacing one pod of a ClusterIP service; the time from the
    update to the kernel holding the new real server, p50 and p99, at 10,000 and at 100
-   services; and the kernel operations the daemon counted for them.
+   services; and the kernel operations the daemon counted for them. Run twice: as the kernel
+   runs by default, then with IPVS's rate estimator off (its pre-6.2 timer stalls a CPU for a
+   time that grows with the number of services and real servers), each with the kernel's
+   stalls measured and the slowest changes named with the syncs that started in them.
 5. Memory: the daemon's resident set (VmRSS, and its peak VmHWM) with the 10,000 services
    loaded and programmed (target 150 MB; 450 MB at 50,000, `make bench-large`).
 
@@ -362,34 +365,48 @@ def daemon_run(n: int, m: int, changes: int, tmp: Path) -> dict[str, Any]:
         rng = random.Random(8)
         clusterip = [i for i in range(n) if services[f"svc-{i}"]["spec"]["type"] == "ClusterIP"]
         versions: dict[int, int] = {}
+
+        def change() -> tuple[float, float]:
+            """One change: (wall clock at the update, seconds until the kernel had it)."""
+            i = rng.choice(clusterip)
+            svc = services[f"svc-{i}"]
+            if i in versions:
+                version = versions[i] + m
+            else:
+                version = next(v for v in range(1, m + 1) if (i * 7 + v % m) % 50 != 0)
+            versions[i] = version
+            port = svc["spec"]["ports"][0]
+            key = ServiceKey.inet(Protocol[port["protocol"]],
+                                  ip_address(svc["spec"]["clusterIP"]), port["port"])
+            new = ip_address(pod_ip(i, version % m, m, version))
+            start = time.time()
+            t1 = time.perf_counter()
+            api.put(endpoint_slice(i, svc, m, version))
+            while True:
+                vs = ipvs.get_service(key)
+                if vs is not None and any(x.dest.key.addr == new for x in vs.dests):
+                    return start, time.perf_counter() - t1
+                assert time.perf_counter() - t1 < 600, f"change {version} never arrived"
+                time.sleep(0.002)
+
         first = _metrics()
         before = operations(first)
-        lat = []
-        starts = []  # wall clock at each update, to find the daemon's syncs in the log
-        with IpvsClient() as ipvs:
-            for _ in range(changes):
-                i = rng.choice(clusterip)
-                svc = services[f"svc-{i}"]
-                if i in versions:
-                    version = versions[i] + m
-                else:
-                    version = next(v for v in range(1, m + 1) if (i * 7 + v % m) % 50 != 0)
-                versions[i] = version
-                j = version % m
-                port = svc["spec"]["ports"][0]
-                key = ServiceKey.inet(Protocol[port["protocol"]],
-                                      ip_address(svc["spec"]["clusterIP"]), port["port"])
-                new = ip_address(pod_ip(i, j, m, version))
-                starts.append(time.time())
-                t1 = time.perf_counter()
-                api.put(endpoint_slice(i, svc, m, version))
-                while True:
-                    vs = ipvs.get_service(key)
-                    if vs is not None and any(x.dest.key.addr == new for x in vs.dests):
-                        break
-                    assert time.perf_counter() - t1 < 600, f"change {version} never arrived"
-                    time.sleep(0.002)
-                lat.append(time.perf_counter() - t1)
+        # twice: as the kernel runs by default, then with its rate estimator off. Before
+        # Linux 6.2 the estimator is a timer that walks every service's and real server's
+        # counters in softirq every 2 s (net/netfilter/ipvs/ip_vs_est.c; kthreads since 6.2,
+        # "ipvs: use kthreads for stats estimation"): at 50,000 services x 10 it holds one CPU
+        # for ~250 ms of each 2 s under emulation, and a sync that lands there waits for it
+        for est in ("1", "0"):
+            sh(f"sysctl -qw net.ipv4.vs.run_estimation={est}")
+            out[f"stalls{est}"] = kernel_stalls()
+            with IpvsClient() as ipvs:
+                timed = [change() for _ in range(changes)]
+            lat = [d for _, d in timed]
+            out[f"slowest{est}"] = slowest(lat, [t for t, _ in timed], tmp / f"daemon-{n}.log")
+            lat.sort()
+            out[f"p50_{est}"] = statistics.median(lat)
+            out[f"p99_{est}"] = lat[max(0, round(0.99 * len(lat)) - 1)]
+        sh("sysctl -qw net.ipv4.vs.run_estimation=1")
         time.sleep(1.0)  # the counters of the last sync
         last = _metrics()
         after = operations(last)
@@ -402,16 +419,37 @@ def daemon_run(n: int, m: int, changes: int, tmp: Path) -> dict[str, Any]:
         spent = last.get(name.format("sum"), 0) - first.get(name.format("sum"), 0)
         out["sync_mean"] = spent / syncs if syncs else float("nan")
         out["syncs"] = syncs
-        out["slowest"] = slowest(lat, starts, tmp / f"daemon-{n}.log")
-        lat.sort()
-        out["p50"] = statistics.median(lat)
-        out["p99"] = lat[max(0, round(0.99 * len(lat)) - 1)]
     finally:
         d.terminate()
         d.wait(120)
         api.stop()
         clean()
     return out
+
+
+def kernel_stalls(seconds: float = 6.0) -> str:
+    """How long the kernel kept this process off each CPU: a 1 ms busy loop pinned to the CPU,
+    repeated; the loops that took over 20 ms (count, longest)."""
+    import os
+
+    cpus = sorted(os.sched_getaffinity(0))
+    out = []
+    try:
+        for cpu in cpus:
+            os.sched_setaffinity(0, {cpu})
+            long: list[float] = []
+            t0 = time.perf_counter()
+            while time.perf_counter() - t0 < seconds / len(cpus):
+                t = time.perf_counter()
+                while time.perf_counter() - t < 0.001:
+                    pass
+                if (d := time.perf_counter() - t) > 0.02:
+                    long.append(d)
+            out.append(f"cpu{cpu}: {len(long)} over 20 ms"
+                       + (f", longest {max(long) * 1000:.0f} ms" if long else ""))
+    finally:
+        os.sched_setaffinity(0, set(cpus))
+    return "; ".join(out) + f" (in {seconds / len(cpus):.0f} s each)"
 
 
 def slowest(lat: list[float], starts: list[float], log: Path, k: int = 4) -> str:
@@ -445,8 +483,8 @@ def memory_target(services: int) -> float:
 
 
 def syncs(row: Row, info: Callable[[str, Any], None], services: int, dests: int, repeat: int,
-          tmp: Path) -> None:
-    """1. and 2.: the cold starts and the resync."""
+          tmp: Path, parts: frozenset[str]) -> None:
+    """1. and 2.: the cold starts and the resync (those of them in `parts`)."""
     from tests.kernel import forked
 
     docs = generate(services, dests)
@@ -461,30 +499,41 @@ def syncs(row: Row, info: Callable[[str, Any], None], services: int, dests: int,
     clean()
     forked.check("sync", "--once", "--from-file", str(path), *FLAGS)
     n_vs = len(des.services)
-    resync(des, repeat, row)
+    if "resync" in parts:
+        resync(des, repeat, row)
     del des
-    cold_start({"JSON": path, "YAML": yaml_path}, n_vs, repeat, row, info)
+    if "cold" in parts:
+        cold_start({"JSON": path, "YAML": yaml_path}, n_vs, repeat, row, info)
+
+
+PARTS = frozenset({"cold", "resync", "daemon"})
 
 
 def run_all(row: Row, info: Callable[[str, Any], None], services: int, dests: int,
-            changes: int, repeat: int, tmp: Path, daemon_only: bool = False) -> None:
+            changes: int, repeat: int, tmp: Path, parts: frozenset[str] = PARTS) -> None:
     node_up()
     try:
-        if not daemon_only:
-            syncs(row, info, services, dests, repeat, tmp)
+        if parts & {"cold", "resync"}:
+            syncs(row, info, services, dests, repeat, tmp, parts)
+        if "daemon" not in parts:
+            return
         small = daemon_run(100, dests, changes, tmp)
         big = daemon_run(services, dests, changes, tmp)
         for size, r in ((100, small), (services, big)):
             info(f"daemon at {size} services: programmed in", f"{r['programmed_s']:.1f}s")
-            info(f"daemon at {size} services: endpoint change p50 / p99",
-                 f"{r['p50'] * 1000:.0f} / {r['p99'] * 1000:.0f} ms")
+            for est, how in (("1", "estimator on"), ("0", "estimator off")):
+                info(f"daemon at {size} services, {how}: endpoint change p50 / p99",
+                     f"{r['p50_' + est] * 1000:.0f} / {r['p99_' + est] * 1000:.0f} ms")
+                info(f"daemon at {size} services, {how}: the kernel's stalls", r["stalls" + est])
+                info(f"daemon at {size} services, {how}: the slowest changes", r["slowest" + est])
             info(f"daemon at {size} services: its own time per sync (mean of {r['syncs']:.0f})",
                  f"{r['sync_mean'] * 1000:.0f} ms")
-            info(f"daemon at {size} services: the slowest changes", r["slowest"])
-            info(f"daemon at {size} services: kernel operations for {changes} changes",
+            info(f"daemon at {size} services: kernel operations for {2 * changes} changes",
                  json.dumps(r["ops"], sort_keys=True))
-        row(f"endpoint change p99, {services} vs 100 services", big["p99"], small["p99"],
+        row(f"endpoint change p99, {services} vs 100 services", big["p99_1"], small["p99_1"],
             "p99 at 100 services", 1.5)
+        row("  the same, the kernel's rate estimator off (net.ipv4.vs.run_estimation=0)",
+            big["p99_0"], small["p99_0"], "p99 at 100 services", 1.5)
         target = memory_target(services)
         row(f"daemon memory, {services} services x {dests} (VmRSS, MB)", big["rss_mb"], target,
             f"target {target:.0f} MB", 1.0, unit="MB")

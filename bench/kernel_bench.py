@@ -112,8 +112,9 @@ def main() -> int:
     ap.add_argument("--cluster-dests", type=int, default=10)
     ap.add_argument("--changes", type=int, default=200)
     ap.add_argument("--cluster-repeat", type=int, default=1)
-    ap.add_argument("--cluster-daemon-only", action="store_true",
-                    help="of the cluster benchmarks, only the daemon's (endpoint changes, memory)")
+    ap.add_argument("--cluster-parts", default="cold,resync,daemon",
+                    help="which cluster benchmarks: cold (the cold starts), resync, daemon "
+                         "(endpoint changes, memory)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
     args = ap.parse_args()
     sh("modprobe -a ip_vs ip_vs_rr")
@@ -231,7 +232,7 @@ def main() -> int:
         with tempfile.TemporaryDirectory(prefix="cluster-bench-") as tmp:
             cluster_bench.run_all(row, info, args.cluster_services, args.cluster_dests,
                                   args.changes, args.cluster_repeat, Path(tmp),
-                                  daemon_only=args.cluster_daemon_only)
+                                  parts=frozenset(args.cluster_parts.split(",")))
 
     kernel = os.uname().release
     out = Path(args.out)
