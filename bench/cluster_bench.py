@@ -70,6 +70,7 @@ METRICS = "127.0.0.1:10249"
 BANNER = b"apiserver\n"
 
 Row = Callable[..., None]
+FORMATS = frozenset({"JSON", "YAML"})
 
 
 def sh(cmd: str, stdin: str | None = None) -> str:
@@ -160,19 +161,23 @@ def command() -> list[str]:
     return [str(script)] if script.exists() else [sys.executable, "-m", "ipvsproxy"]
 
 
-def write_dumps(docs: list[Any], tmp: Path) -> tuple[Path, Path]:
+def write_dumps(docs: list[Any], tmp: Path, formats: frozenset[str] = FORMATS
+                ) -> dict[str, Path]:
     """The cluster as `kubectl get services,endpointslices,nodes -A -o json` and `-o yaml`
-    write it: one `kind: List`, the YAML in block style."""
+    write it (JSON always: the untimed sync reads it): one `kind: List`, the YAML in block
+    style."""
     import yaml
 
     dump = {"apiVersion": "v1", "kind": "List", "items": docs,
             "metadata": {"resourceVersion": ""}}
-    j, y = tmp / "cluster.json", tmp / "cluster.yaml"
-    j.write_text(json.dumps(dump, indent=4))
-    with y.open("w") as f:
-        yaml.dump(dump, f, Dumper=getattr(yaml, "CSafeDumper", yaml.SafeDumper),
-                  default_flow_style=False)
-    return j, y
+    out = {"JSON": tmp / "cluster.json"}
+    out["JSON"].write_text(json.dumps(dump, indent=4))
+    if "YAML" in formats:
+        out["YAML"] = tmp / "cluster.yaml"
+        with out["YAML"].open("w") as f:
+            yaml.dump(dump, f, Dumper=getattr(yaml, "CSafeDumper", yaml.SafeDumper),
+                      default_flow_style=False)
+    return {k: v for k, v in out.items() if k in formats}
 
 
 def ipset_fill() -> list[tuple[str, int, int]]:
@@ -483,12 +488,14 @@ def memory_target(services: int) -> float:
 
 
 def syncs(row: Row, info: Callable[[str, Any], None], services: int, dests: int, repeat: int,
-          tmp: Path, parts: frozenset[str]) -> None:
-    """1. and 2.: the cold starts and the resync (those of them in `parts`)."""
+          tmp: Path, parts: frozenset[str], formats: frozenset[str]) -> None:
+    """1. and 2.: the cold starts (from the dump in each of `formats`) and the resync (those
+    of them in `parts`)."""
     from tests.kernel import forked
 
     docs = generate(services, dests)
-    path, yaml_path = write_dumps(docs, tmp)
+    paths = write_dumps(docs, tmp, formats)
+    path = tmp / "cluster.json"
     des = desired(docs)
     del docs
     warm_up(tmp)
@@ -503,18 +510,19 @@ def syncs(row: Row, info: Callable[[str, Any], None], services: int, dests: int,
         resync(des, repeat, row)
     del des
     if "cold" in parts:
-        cold_start({"JSON": path, "YAML": yaml_path}, n_vs, repeat, row, info)
+        cold_start(paths, n_vs, repeat, row, info)
 
 
 PARTS = frozenset({"cold", "resync", "daemon"})
 
 
 def run_all(row: Row, info: Callable[[str, Any], None], services: int, dests: int,
-            changes: int, repeat: int, tmp: Path, parts: frozenset[str] = PARTS) -> None:
+            changes: int, repeat: int, tmp: Path, parts: frozenset[str] = PARTS,
+            formats: frozenset[str] = FORMATS) -> None:
     node_up()
     try:
         if parts & {"cold", "resync"}:
-            syncs(row, info, services, dests, repeat, tmp, parts)
+            syncs(row, info, services, dests, repeat, tmp, parts, formats)
         if "daemon" not in parts:
             return
         small = daemon_run(100, dests, changes, tmp)

@@ -115,6 +115,8 @@ def main() -> int:
     ap.add_argument("--cluster-parts", default="cold,resync,daemon",
                     help="which cluster benchmarks: cold (the cold starts), resync, daemon "
                          "(endpoint changes, memory)")
+    ap.add_argument("--cluster-formats", default="JSON,YAML",
+                    help="the dump formats the cold start reads: JSON, YAML or both")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
     args = ap.parse_args()
     sh("modprobe -a ip_vs ip_vs_rr")
@@ -232,7 +234,8 @@ def main() -> int:
         with tempfile.TemporaryDirectory(prefix="cluster-bench-") as tmp:
             cluster_bench.run_all(row, info, args.cluster_services, args.cluster_dests,
                                   args.changes, args.cluster_repeat, Path(tmp),
-                                  parts=frozenset(args.cluster_parts.split(",")))
+                                  parts=frozenset(args.cluster_parts.split(",")),
+                                  formats=frozenset(args.cluster_formats.upper().split(",")))
 
     kernel = os.uname().release
     out = Path(args.out)
