@@ -221,7 +221,6 @@ def _ip(v: Any) -> IPAddress | None:
 _SHARED: dict[Any, Any] = {}
 _SHARED_MAX = 1 << 12
 _T = TypeVar("_T")
-_SERVICE_TYPES = {t: t for t in ("ClusterIP", "NodePort", "LoadBalancer")}
 
 
 def shared(v: _T) -> _T:
@@ -443,8 +442,8 @@ def parse_service(obj: Mapping[str, Any]) -> tuple[Service | None, list[Problem]
     sched, flags, ann_problems = _annotations(_str_map(meta.get("annotations")))
     problems.extend(bad(p) for p in ann_problems)
     uid = meta.get("uid")
-    # the type's text is one of three: one string each, not one per Service
-    svc = Service(ns, name, _SERVICE_TYPES[stype], tuple(cluster_ips), shared(tuple(ports)),
+    # the type's text is one of three: one string each (interned), not one per Service
+    svc = Service(ns, name, _intern(stype), tuple(cluster_ips), shared(tuple(ports)),
                   tuple(ext), tuple(lb), tuple(ranges), ext_local, int_local, timeout,
                   hc if ext_local else 0, sched, flags, "",
                   _timestamp(meta.get("creationTimestamp")), uid if isinstance(uid, str) else "")

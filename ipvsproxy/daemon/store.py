@@ -16,7 +16,6 @@ import time
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from sys import intern
 from typing import Any
 
 import structlog
@@ -27,6 +26,7 @@ from ipvsproxy.core.model import (
     Node,
     Problem,
     Service,
+    _meta,
     parse_node,
     parse_service,
 )
@@ -366,14 +366,9 @@ def _name(obj: Mapping[str, Any]) -> str:
 
 
 def _key(obj: Mapping[str, Any]) -> tuple[str, str]:
-    meta = obj.get("metadata")
-    if not isinstance(meta, Mapping):
-        return ("", "")
-    ns, name = meta.get("namespace"), meta.get("name")
-    # the namespace interned, as the parsers have it (core/model.py _meta): one string per
-    # namespace, not one per object held
-    ns = intern(ns) if ns.__class__ is str else ns if isinstance(ns, str) else ""
-    return (ns, name if isinstance(name, str) else "")
+    """(namespace, name) as the parsers read them (the namespace interned)."""
+    ns, name, _ = _meta(obj)
+    return ns, name
 
 
 def _parse_time(text: str) -> float | None:
