@@ -26,6 +26,7 @@ from ipaddress import IPv4Address
 from pathlib import Path
 from typing import Any
 
+from bench import cluster_bench
 from ipvsproxy.cli import main as ipvsproxy_main
 from ipvsproxy.core.ipvs import (
     DestKey,
@@ -112,13 +113,18 @@ def main() -> int:
     ap.add_argument("--cluster-dests", type=int, default=10)
     ap.add_argument("--changes", type=int, default=200)
     ap.add_argument("--cluster-repeat", type=int, default=1)
-    ap.add_argument("--cluster-parts", default="cold,resync,daemon",
+    ap.add_argument("--cluster-parts", default=",".join(sorted(cluster_bench.PARTS)),
                     help="which cluster benchmarks: cold (the cold starts), resync, daemon "
                          "(endpoint changes, memory)")
-    ap.add_argument("--cluster-formats", default="JSON,YAML",
+    ap.add_argument("--cluster-formats", default=",".join(sorted(cluster_bench.FORMATS)),
                     help="the dump formats the cold start reads: JSON, YAML or both")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
     args = ap.parse_args()
+    parts = frozenset(args.cluster_parts.split(","))
+    formats = frozenset(args.cluster_formats.upper().split(","))
+    unknown = (parts - cluster_bench.PARTS) | (formats - cluster_bench.FORMATS)
+    if unknown:
+        ap.error(f"unknown --cluster-parts or --cluster-formats: {', '.join(sorted(unknown))}")
     sh("modprobe -a ip_vs ip_vs_rr")
     rs = rules(args.services, args.dests)
     the_ops = ops(rs)
@@ -229,13 +235,10 @@ def main() -> int:
     if args.cluster_services:
         import tempfile
 
-        from bench import cluster_bench
-
         with tempfile.TemporaryDirectory(prefix="cluster-bench-") as tmp:
             cluster_bench.run_all(row, info, args.cluster_services, args.cluster_dests,
                                   args.changes, args.cluster_repeat, Path(tmp),
-                                  parts=frozenset(args.cluster_parts.split(",")),
-                                  formats=frozenset(args.cluster_formats.upper().split(",")))
+                                  parts=parts, formats=formats)
 
     kernel = os.uname().release
     out = Path(args.out)
