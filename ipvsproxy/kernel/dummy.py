@@ -33,13 +33,13 @@ from pyroute2.netlink.exceptions import NetlinkError
 from pyroute2.netlink.rtnl import RTM_DELADDR, RTM_GETADDR, RTM_NEWADDR
 
 from ipvsproxy.kernel import ipvs_codec as c
+from ipvsproxy.kernel import nlsock
 
 IPAddress = IPv4Address | IPv6Address
 
 KUBE_IPVS0 = "kube-ipvs0"
-# Requests per send(). Each answer waits in the socket's receive buffer until read (an error
-# answer echoes the request, ~100 bytes); 256 keeps a batch far below the 1 MiB buffer, so no
-# answer is dropped (a dropped answer would leave pyroute2 waiting forever).
+# Requests per send(). Each answer waits in the socket's receive buffer until read; 256 of
+# them fit nlsock.roomy's buffer with room to spare on every kernel seen (see nlsock.py).
 BATCH = 256
 _ADDR_MSG = struct.Struct("=IHHIIBBBBi")  # nlmsghdr + ifaddrmsg
 _RTA = struct.Struct("=HH")
@@ -199,13 +199,19 @@ class DummyLink:
         idx = self._required_index()
         failed: list[IPAddress] = []
         with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE) as sock:
+            nlsock.roomy(sock)
             for start in range(0, len(addrs), BATCH):
                 chunk = addrs[start:start + BATCH]
                 pending = {start + k + 1: a for k, a in enumerate(chunk)}
                 sock.send(b"".join(encode_addr(idx, a, mtype, flags, seq)
                                    for seq, a in pending.items()))
                 while pending:  # one ack (error 0) or error per message, in order
-                    for mt, _f, seq, payload in c.iter_messages(sock.recv(1 << 20)):
+                    try:
+                        buf = sock.recv(1 << 20)
+                    except OSError as exc:  # ENOBUFS: answers were dropped (nlsock.py)
+                        raise DummyLinkError(f"{self.name}: {len(chunk)} address requests "
+                                             f"in one batch: {exc}") from exc
+                    for mt, _f, seq, payload in c.iter_messages(buf):
                         if mt == c.NLMSG_ERROR and seq in pending:
                             a = pending.pop(seq)
                             if c.error_code(payload):

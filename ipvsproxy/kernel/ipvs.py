@@ -39,7 +39,7 @@ from ipvsproxy.core.ipvs import (
     VirtualServer,
 )
 from ipvsproxy.kernel import ipvs_codec as c
-from ipvsproxy.kernel import ipvs_dump
+from ipvsproxy.kernel import ipvs_dump, nlsock
 from ipvsproxy.kernel.ipvs_decoder import DumpDecoder
 
 _NO_STATS = Stats()
@@ -48,12 +48,7 @@ _new = tuple.__new__  # a NamedTuple from the tuple of its fields, in C
 _T = TypeVar("_T")
 
 NETLINK_GENERIC = 16
-SOL_NETLINK = 270
-NETLINK_CAP_ACK = 10
-SO_RCVBUFFORCE = 33
-SO_SNDBUFFORCE = 32
-BATCH = 256  # requests per send(); each ack needs ~1 KiB of receive buffer (skb truesize)
-RCVBUF = 8 << 20
+BATCH = 256  # requests per send(); their acks wait in the receive buffer (nlsock.roomy)
 GENL_ID_CTRL = 0x10
 CTRL_CMD_GETFAMILY = 3
 CTRL_ATTR_FAMILY_ID = 1
@@ -96,7 +91,7 @@ def resolve_family() -> int:
     s = _socket.socket(_socket.AF_NETLINK, _socket.SOCK_RAW, NETLINK_GENERIC)
     with contextlib.closing(s):
         s.bind((0, 0))
-        ipvs_dump.give_up_after(s, 10)
+        nlsock.give_up_after(s, 10)
         name = c._nla(CTRL_ATTR_FAMILY_NAME, b"IPVS\0")
         s.send(c.message(GENL_ID_CTRL, CTRL_CMD_GETFAMILY, c.NLM_F_REQUEST | c.NLM_F_ACK, 1, name))
         while True:
@@ -161,17 +156,9 @@ class IpvsClient:
     def __init__(self, family: int | None = None) -> None:
         self.family = family if family is not None else resolve_family()
         self.sock = _socket.socket(_socket.AF_NETLINK, _socket.SOCK_RAW, NETLINK_GENERIC)
-        try:
-            self.sock.setsockopt(_socket.SOL_SOCKET, SO_RCVBUFFORCE, RCVBUF)
-        except OSError:
-            self.sock.setsockopt(_socket.SOL_SOCKET, _socket.SO_RCVBUF, RCVBUF)
-        try:
-            self.sock.setsockopt(_socket.SOL_SOCKET, SO_SNDBUFFORCE, RCVBUF)
-        except OSError:
-            self.sock.setsockopt(_socket.SOL_SOCKET, _socket.SO_SNDBUF, RCVBUF)
-        self.sock.setsockopt(SOL_NETLINK, NETLINK_CAP_ACK, 1)
+        nlsock.roomy(self.sock)
         self.sock.bind((0, 0))
-        ipvs_dump.give_up_after(self.sock, 30)
+        nlsock.give_up_after(self.sock, 30)
         self._seq = 0
         self._decoder = DumpDecoder()
         self._view = memoryview(bytearray(_DUMP_RECV))

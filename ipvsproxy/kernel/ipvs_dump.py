@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 from ipvsproxy.core.ipvs import ServiceKey
 from ipvsproxy.kernel import ipvs_codec as c
+from ipvsproxy.kernel.nlsock import give_up_after
 
 NETLINK_GENERIC = 16
 PIPELINE = 64  # sockets the real-server dumps run on, one dump in flight on each
@@ -67,16 +68,6 @@ def dump_socket() -> _socket.socket:
     sock.bind((0, 0))
     give_up_after(sock, 30)
     return sock
-
-
-def give_up_after(sock: _socket.socket, seconds: int) -> None:
-    """A blocking socket whose sends and receives fail (EAGAIN) after `seconds` without
-    progress: the kernel's SO_RCVTIMEO/SO_SNDTIMEO, not Python's settimeout(). That one makes
-    the socket non-blocking and polls before every send and receive: two system calls for one,
-    and a dump is three calls per virtual server (request, data, NLMSG_DONE)."""
-    timeval = struct.pack("@ll", seconds, 0)
-    sock.setsockopt(_socket.SOL_SOCKET, _socket.SO_RCVTIMEO, timeval)
-    sock.setsockopt(_socket.SOL_SOCKET, _socket.SO_SNDTIMEO, timeval)
 
 
 def read_dump(sock: _socket.socket, view: memoryview, seq: int) -> tuple[list[bytes], int | None]:
