@@ -81,9 +81,20 @@ def resolve_kernel_package() -> str:
 
 
 def ensure_kernel(cache: Path | None = None) -> Kernel:
-    """Return the cached lab kernel, downloading and extracting it on first use only."""
+    """Return the cached lab kernel, downloading and extracting it on first use only.
+
+    IPVSPROXY_LAB_KERNEL names another version of Debian's kernel that apt can fetch (and pins
+    it for later runs); IPVSPROXY_LAB_KERNEL_DEB is the path or URL of any Debian linux-image
+    .deb, e.g. a newer release's, used for that run only (see README, Development)."""
     cache = cache or cache_dir()
     cache.mkdir(parents=True, exist_ok=True)
+    deb = os.environ.get("IPVSPROXY_LAB_KERNEL_DEB", "")
+    kernel = _kernel_from_deb(deb, cache) if deb else _debian_kernel(cache)
+    _install_modules(kernel)
+    return kernel
+
+
+def _debian_kernel(cache: Path) -> Kernel:
     pinned = cache / "current"
     version = os.environ.get("IPVSPROXY_LAB_KERNEL", "")
     if not version and pinned.exists():
@@ -97,10 +108,44 @@ def ensure_kernel(cache: Path | None = None) -> Kernel:
         root = cache / version
         _download_and_extract(package, root)
     pinned.write_text(version + "\n")
-    boot = root / "boot" / f"vmlinuz-{version}"
-    kernel = Kernel(version, boot, root / "lib" / "modules" / version)
-    _install_modules(kernel)
-    return kernel
+    return _kernel_in(root, version)
+
+
+def _kernel_in(root: Path, version: str) -> Kernel:
+    # Releases since Debian 13 ship their modules under usr/lib (merged /usr).
+    modules = root / "lib" / "modules" / version
+    if not modules.exists():
+        modules = root / "usr" / "lib" / "modules" / version
+    return Kernel(version, root / "boot" / f"vmlinuz-{version}", modules)
+
+
+def _kernel_from_deb(deb: str, cache: Path) -> Kernel:
+    """The kernel of a linux-image .deb (a path or an http(s) URL), extracted once into the
+    cache under a folder named after the .deb."""
+    name = deb.rstrip("/").rsplit("/", 1)[-1]
+    if "cloud" in name:
+        raise LabError(f"{name}: the cloud kernel has no 9p; use the standard flavour")
+    root = cache / "debs" / name.removesuffix(".deb")
+    if not any(root.glob("boot/vmlinuz-*")):
+        root.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=root.parent) as tmp:
+            local = Path(deb)
+            if deb.startswith(("http://", "https://")):
+                local = Path(tmp) / name
+                got = _sh(["curl", "-fsSL", "--retry", "3", "-o", str(local), deb])
+                if got.returncode != 0:
+                    raise LabError(f"cannot download {deb}: {got.stderr.strip()[-400:]}")
+            staging = Path(tmp) / "x"
+            ext = _sh(["dpkg-deb", "-x", str(local), str(staging)])
+            if ext.returncode != 0:
+                raise LabError(f"dpkg-deb -x {deb} failed: {ext.stderr.strip()}")
+            if root.exists():
+                shutil.rmtree(root)
+            staging.rename(root)
+    found = sorted(root.glob("boot/vmlinuz-*"))
+    if len(found) != 1:
+        raise LabError(f"{deb} holds {len(found)} kernels under boot/, not one")
+    return _kernel_in(root, found[0].name.removeprefix("vmlinuz-"))
 
 
 def _download_and_extract(package: str, root: Path) -> None:

@@ -8,10 +8,13 @@ the real `lab` module with a kernel that does not exist.
 
 from __future__ import annotations
 
+import subprocess
 import textwrap
 from pathlib import Path
 
 import pytest
+
+from integration.vm import lab
 
 pytest_plugins = ["pytester"]
 ROOT = Path(__file__).resolve().parents[2]
@@ -147,3 +150,37 @@ def test_shards_balance_by_cost_and_keep_files_whole() -> None:
     assert _shards(items, 9) == [[i.nodeid for i in items if i.nodeid.startswith(f)]  # type: ignore[arg-type]
                                  for f in "abcd"]
     assert _shards(items, 1) == [[i.nodeid for i in items]]  # type: ignore[arg-type]
+
+
+def _deb(tmp_path: Path, name: str, version: str) -> Path:
+    """A linux-image .deb laid out as Debian 13's are: the modules under usr/lib."""
+    tree = tmp_path / "tree"
+    (tree / "DEBIAN").mkdir(parents=True)
+    (tree / "DEBIAN" / "control").write_text(
+        f"Package: linux-image-{version}\nVersion: 1\nArchitecture: amd64\n"
+        "Maintainer: test <t@example.org>\nDescription: test\n")
+    (tree / "boot").mkdir()
+    (tree / "boot" / f"vmlinuz-{version}").write_bytes(b"kernel")
+    (tree / "usr" / "lib" / "modules" / version).mkdir(parents=True)
+    deb = tmp_path / name
+    subprocess.run(["dpkg-deb", "-b", str(tree), str(deb)], check=True, capture_output=True)
+    return deb
+
+
+def test_a_kernel_from_any_linux_image_deb(tmp_path: Path) -> None:
+    version = "9.9.9+deb99-amd64"
+    deb = _deb(tmp_path, f"linux-image-{version}-unsigned_9.9.9-1_amd64.deb", version)
+    cache = tmp_path / "cache"
+    kernel = lab._kernel_from_deb(str(deb), cache)
+    assert kernel.version == version
+    assert kernel.vmlinuz.read_bytes() == b"kernel"
+    assert kernel.modules.is_dir() and kernel.modules.parts[-4:-1] == ("usr", "lib", "modules")
+    deb.unlink()  # extracted once: the cache serves the next run
+    assert lab._kernel_from_deb(str(deb), cache) == kernel
+    assert not (cache / "current").exists()  # a .deb is for the run that names it only
+
+
+def test_a_cloud_kernel_deb_is_refused_by_name(tmp_path: Path) -> None:
+    with pytest.raises(lab.LabError, match="cloud kernel has no 9p"):
+        lab._kernel_from_deb("https://example.org/linux-image-6.12-cloud-amd64_1_amd64.deb",
+                             tmp_path)
