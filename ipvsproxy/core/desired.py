@@ -371,10 +371,9 @@ def screened(svc: Service, own: Mapping[IPAddress, str], ranges: Sequence[IPNetw
 
 
 def _real_servers(eps: Sequence[Ep]) -> tuple[RealServer, ...]:
-    # sorted by (address, port) as DestKey orders them; int() keys, as ipaddress's __lt__ is
-    # slow (within one virtual server every address is of one family)
-    return tuple(RealServer(DestKey(e.addr, e.port), Fwd.MASQ, e.weight)
-                 for e in sorted(eps, key=lambda e: (int(e.addr), e.port)))
+    # in (address, port) order, as DestKey orders them: port_endpoints gives them so, and
+    # categorize keeps the order
+    return tuple([RealServer(DestKey(e.addr, e.port), Fwd.MASQ, e.weight) for e in eps])
 
 
 def compute_desired(snap: Snapshot, host: HostFacts, cfg: Config) -> Desired:

@@ -41,8 +41,9 @@ class Ep(NamedTuple):
 
 def port_endpoints(slices: Sequence[EndpointSlice], sp: ServicePort, family: int,
                    node_name: str) -> list[Ep]:
-    """Every endpoint of service port `sp` of `family`, de-duplicated by ip:port; the refused
-    ones (usable=False) last, so that `categorize` can tell there are some from the last."""
+    """Every endpoint of service port `sp` of `family`, de-duplicated by ip:port and ordered by
+    it (as the kernel lists real servers, DestKey order); the refused ones (usable=False) last,
+    so that `categorize` can tell there are some from the last."""
     # keyed by the address as an int: IPv4Address hashes via hex() (a third of this function's
     # time at 100,000 endpoints); one family per call, so the int is unique
     found: dict[tuple[int, int], Ep] = {}
@@ -63,14 +64,19 @@ def port_endpoints(slices: Sequence[EndpointSlice], sp: ServicePort, family: int
             if key not in found or local:
                 found[key] = Ep(e.addr, port, sl.weight, e.ready, e.serving, e.terminating,
                                 local, e.zone_hints, e.has_hints, e.node_hints)
-    for port, sl in refused:
-        for e in sl.refused:
-            key = (int(e.addr), port)
-            if key not in found:  # a refused spelling never stands in for a usable address
-                local = bool(node_name) and e.node_name.lower() == node_name
-                found[key] = Ep(e.addr, port, sl.weight, e.ready, e.serving, e.terminating,
-                                local, e.zone_hints, e.has_hints, e.node_hints, False)
-    return list(found.values())
+    out = [found[k] for k in sorted(found)]  # int keys sort in C; ipaddress's __lt__ is slow
+    if refused:
+        unusable: dict[tuple[int, int], Ep] = {}
+        for port, sl in refused:
+            for e in sl.refused:
+                key = (int(e.addr), port)
+                if key not in found:  # a refused spelling never stands in for a usable address
+                    local = bool(node_name) and e.node_name.lower() == node_name
+                    unusable[key] = Ep(e.addr, port, sl.weight, e.ready, e.serving,
+                                       e.terminating, local, e.zone_hints, e.has_hints,
+                                       e.node_hints, False)
+        out += [unusable[k] for k in sorted(unusable)]
+    return out
 
 
 def externally_accessible(svc: Service, sp: ServicePort, family: int = 0) -> bool:

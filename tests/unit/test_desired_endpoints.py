@@ -256,3 +256,14 @@ def test_external_traffic_policy_local_with_local_endpoints() -> None:
     assert members(d, T.EXT_NO_LOCAL) == set()
     assert chain(d, "filter", "KUBE-PROXY-FIREWALL") == []
     assert members(d, T.NODE_PORT_LOCAL_TCP) == {"30001"}
+
+
+def test_real_servers_are_in_the_kernels_order_whatever_the_slices_order() -> None:
+    """A virtual server's real servers come in DestKey order (the address as a number, then
+    the port), as the kernel's dump is compared with them, however the slices list them:
+    10.244.0.9 before 10.244.0.10, and a refused address never among them."""
+    d = desired(policy_service(),
+                slice_("svc", ep("10.244.0.10"), ep("239.1.1.1"), ep("10.244.0.9"), name="svc-b"),
+                slice_("svc", ep("10.244.1.1"), ep("10.244.0.100"), name="svc-a"))
+    assert vs(d) == {"TCP 10.96.0.1:80": ["10.244.0.9:80", "10.244.0.10:80", "10.244.0.100:80",
+                                          "10.244.1.1:80"]}
