@@ -241,6 +241,12 @@ def test_history_gone_the_daemon_gets_410_and_lists_again(
                                                               "namespace": "default"}})
         # the watch cache starts its history anew; etcd forgets everything before now
         remote.restart()
+        # A write the daemon does not watch moves the revision past all it saw: the stopping
+        # server withdrew itself from the `kubernetes` EndpointSlice, an event that reached the
+        # stopped daemon's socket, and a compaction at that very revision left its
+        # EndpointSlice watch valid (no 410 for EndpointSlices, seen once in make test).
+        remote.apply({"apiVersion": "v1", "kind": "ConfigMap", "data": {},
+                      "metadata": {"name": "history-moves-on", "namespace": "default"}})
         remote.compact()
         assert remote.compacted(seen)
     finally:
