@@ -205,17 +205,10 @@ class DummyLink:
                 pending = {start + k + 1: a for k, a in enumerate(chunk)}
                 sock.send(b"".join(encode_addr(idx, a, mtype, flags, seq)
                                    for seq, a in pending.items()))
-                while pending:  # one ack (error 0) or error per message, in order
-                    try:
-                        buf = sock.recv(1 << 20)
-                    except OSError as exc:  # ENOBUFS: answers were dropped (nlsock.py)
-                        raise DummyLinkError(f"{self.name}: {len(chunk)} address requests "
-                                             f"in one batch: {exc}") from exc
-                    for mt, _f, seq, payload in c.iter_messages(buf):
-                        if mt == c.NLMSG_ERROR and seq in pending:
-                            a = pending.pop(seq)
-                            if c.error_code(payload):
-                                failed.append(a)
+                try:
+                    failed.extend(a for a, _err in nlsock.await_acks(sock, pending, 1 << 20))
+                except OSError as exc:
+                    raise DummyLinkError(f"{self.name}: {exc}") from exc
         if failed and mtype == RTM_DELADDR:
             # Most failed deletes are addresses already gone; one dump sorts them out.
             present = self.addresses()

@@ -192,24 +192,9 @@ class IpvsClient:
                 pending[seq] = op
                 parts.append(_encode(op, self.family, seq, keys))
             self.sock.send(b"".join(parts))
-            while pending:
-                buf = self._recv()
-                for mtype, _flags, seq, payload in c.iter_messages(buf):
-                    if mtype != c.NLMSG_ERROR or seq not in pending:
-                        continue
-                    err = c.error_code(payload)
-                    op = pending.pop(seq)
-                    if err:
-                        failures.append(IpvsError(op, err))
+            failures.extend(IpvsError(op, err)
+                            for op, err in nlsock.await_acks(self.sock, pending, _RECV))
         return failures
-
-    def _recv(self) -> bytes:
-        try:
-            return self.sock.recv(_RECV)
-        except OSError as exc:
-            if exc.errno == errno_mod.ENOBUFS:  # acks were dropped: the batch was too large
-                raise RuntimeError("netlink receive buffer overflow; lower the batch size") from exc
-            raise
 
     # ---------------------------------------------------------------------------- observe
 
@@ -217,7 +202,7 @@ class IpvsClient:
         """Send one request (not a dump), return the payloads of its replies (raise on error)."""
         seq = self._next_seq()
         self.sock.send(c.message(self.family, cmd, c.NLM_F_REQUEST | c.NLM_F_ACK, seq, attrs))
-        return c.replies(self._recv, seq, f"IPVS command {cmd}")
+        return c.replies(lambda: self.sock.recv(_RECV), seq, f"IPVS command {cmd}")
 
     def services(self, stats: bool = True) -> list[tuple[VirtualServer, Stats]]:
         out: list[tuple[VirtualServer, Stats]] = []

@@ -1,4 +1,4 @@
-"""Options of the project's raw netlink sockets: room for a batch's acks, the kernel's timeouts.
+"""The project's batching netlink sockets: room for a batch's acks, reading them, timeouts.
 
 A batch is many requests in one send(). The kernel handles every one of them inside that send
 (netlink_rcv_skb) and queues an ack for each on our socket before we read any; an ack that
@@ -11,7 +11,13 @@ in the lab, adding kube-ipvs0 addresses). So every batching socket asks for 8 Mi
 from __future__ import annotations
 
 import _socket  # the C module (see core/ipvs.py AF_INET)
+import errno
 import struct
+from typing import TypeVar
+
+from ipvsproxy.kernel import ipvs_codec as c
+
+_T = TypeVar("_T")
 
 SOL_NETLINK = 270
 NETLINK_CAP_ACK = 10  # an ack carries the request's header only, not the whole request
@@ -40,3 +46,26 @@ def give_up_after(sock: _socket.socket, seconds: int) -> None:
     timeval = struct.pack("@ll", seconds, 0)
     sock.setsockopt(_socket.SOL_SOCKET, _socket.SO_RCVTIMEO, timeval)
     sock.setsockopt(_socket.SOL_SOCKET, _socket.SO_SNDTIMEO, timeval)
+
+
+def await_acks(sock: _socket.socket, pending: dict[int, _T], bufsize: int
+               ) -> list[tuple[_T, int]]:
+    """Read the answers of a sent batch until every request of `pending` (sequence number ->
+    request) has its ack or error, in any order; return the failed requests with their errno.
+    Empties `pending`. Lost answers (ENOBUFS) are an OSError that says so."""
+    failed: list[tuple[_T, int]] = []
+    while pending:
+        try:
+            buf = sock.recv(bufsize)
+        except OSError as exc:
+            if exc.errno == errno.ENOBUFS:
+                raise OSError(errno.ENOBUFS, f"{len(pending)} netlink answers lost: the receive "
+                                             "buffer overflowed (see nlsock.py)") from exc
+            raise
+        for mtype, _flags, seq, payload in c.iter_messages(buf):
+            if mtype == c.NLMSG_ERROR and seq in pending:
+                request = pending.pop(seq)
+                err = c.error_code(payload)
+                if err:
+                    failed.append((request, err))
+    return failed

@@ -1,11 +1,15 @@
-"""nlsock.roomy: a batching netlink socket gets buffers for a batch's acks.
+"""nlsock: a batching netlink socket gets buffers for a batch's acks, and reads them all.
 
-On the host; SO_RCVBUFFORCE needs root, which make test has.
+The buffer test runs on the host; SO_RCVBUFFORCE needs root, which make test has.
 """
 
 from __future__ import annotations
 
+import errno
 import socket
+import struct
+
+import pytest
 
 from ipvsproxy.kernel import nlsock
 
@@ -19,3 +23,35 @@ def test_roomy_passes_the_default_limits() -> None:
         assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) >= nlsock.BUFFER > before
         assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) >= nlsock.BUFFER
         assert sock.getsockopt(nlsock.SOL_NETLINK, nlsock.NETLINK_CAP_ACK) == 1
+
+
+def _answer(seq: int, err: int, mtype: int = 2) -> bytes:
+    """An NLMSG_ERROR (an ack when err is 0) for request `seq`, as NETLINK_CAP_ACK sends it."""
+    body = struct.pack("=i", -err) + struct.pack("=IHHII", 16, 0, 0, seq, 0)
+    return struct.pack("=IHHII", 16 + len(body), mtype, 0, seq, 0) + body
+
+
+class _Answers:
+    def __init__(self, *bufs: bytes | OSError) -> None:
+        self.bufs = list(bufs)
+
+    def recv(self, _size: int) -> bytes:
+        b = self.bufs.pop(0)
+        if isinstance(b, OSError):
+            raise b
+        return b
+
+
+def test_await_acks_reads_until_every_request_is_answered() -> None:
+    pending = {7: "a", 8: "b", 9: "c"}
+    sock = _Answers(_answer(8, errno.EEXIST) + _answer(99, 0) + _answer(7, 0, mtype=16),
+                    _answer(9, 0) + _answer(7, 0))
+    got = nlsock.await_acks(sock, pending, 1 << 16)  # type: ignore[arg-type]
+    assert got == [("b", errno.EEXIST)]  # another request's answer and a non-error are skipped
+    assert pending == {} and sock.bufs == []
+
+
+def test_lost_answers_say_so() -> None:
+    sock = _Answers(_answer(1, 0), OSError(errno.ENOBUFS, "No buffer space available"))
+    with pytest.raises(OSError, match="1 netlink answers lost: the receive buffer overflowed"):
+        nlsock.await_acks(sock, {1: "a", 2: "b"}, 1 << 16)  # type: ignore[arg-type]
