@@ -103,8 +103,7 @@ def _debian_kernel(cache: Path) -> Kernel:
     if root is None or not (root / "boot" / f"vmlinuz-{version}").exists():
         package = f"linux-image-{version}" if version else resolve_kernel_package()
         version = package.removeprefix("linux-image-")
-        if version.endswith("-cloud-amd64"):
-            raise LabError(f"{package}: the cloud kernel has no 9p; use the standard flavour")
+        _refuse_cloud(package)
         root = cache / version
         _download_and_extract(package, root)
     pinned.write_text(version + "\n")
@@ -123,8 +122,7 @@ def _kernel_from_deb(deb: str, cache: Path) -> Kernel:
     """The kernel of a linux-image .deb (a path or an http(s) URL), extracted once into the
     cache under a folder named after the .deb."""
     name = deb.rstrip("/").rsplit("/", 1)[-1]
-    if "cloud" in name:
-        raise LabError(f"{name}: the cloud kernel has no 9p; use the standard flavour")
+    _refuse_cloud(name)
     root = cache / "debs" / name.removesuffix(".deb")
     if not any(root.glob("boot/vmlinuz-*")):
         root.parent.mkdir(parents=True, exist_ok=True)
@@ -135,13 +133,7 @@ def _kernel_from_deb(deb: str, cache: Path) -> Kernel:
                 got = _sh(["curl", "-fsSL", "--retry", "3", "-o", str(local), deb])
                 if got.returncode != 0:
                     raise LabError(f"cannot download {deb}: {got.stderr.strip()[-400:]}")
-            staging = Path(tmp) / "x"
-            ext = _sh(["dpkg-deb", "-x", str(local), str(staging)])
-            if ext.returncode != 0:
-                raise LabError(f"dpkg-deb -x {deb} failed: {ext.stderr.strip()}")
-            if root.exists():
-                shutil.rmtree(root)
-            staging.rename(root)
+            _extract(local, root, Path(tmp))
     found = sorted(root.glob("boot/vmlinuz-*"))
     if len(found) != 1:
         raise LabError(f"{deb} holds {len(found)} kernels under boot/, not one")
@@ -154,13 +146,24 @@ def _download_and_extract(package: str, root: Path) -> None:
         debs = list(Path(tmp).glob("*.deb"))
         if not debs:
             raise LabError(f"apt-get download {package} failed: {got.stderr.strip()[-400:]}")
-        staging = Path(tmp) / "x"
-        ext = _sh(["dpkg-deb", "-x", str(debs[0]), str(staging)])
-        if ext.returncode != 0:
-            raise LabError(f"dpkg-deb -x {debs[0].name} failed: {ext.stderr.strip()}")
-        if root.exists():
-            shutil.rmtree(root)
-        staging.rename(root)
+        _extract(debs[0], root, Path(tmp))
+
+
+def _extract(deb: Path, root: Path, tmp: Path) -> None:
+    """Unpack `deb` into `root`, replacing it, through a staging folder in `tmp` (a folder
+    beside `root`, so the last step is one rename)."""
+    staging = tmp / "x"
+    ext = _sh(["dpkg-deb", "-x", str(deb), str(staging)])
+    if ext.returncode != 0:
+        raise LabError(f"dpkg-deb -x {deb.name} failed: {ext.stderr.strip()}")
+    if root.exists():
+        shutil.rmtree(root)
+    staging.rename(root)
+
+
+def _refuse_cloud(name: str) -> None:
+    if "-cloud-" in name:
+        raise LabError(f"{name}: the cloud kernel has no 9p; use the standard flavour")
 
 
 def _install_modules(kernel: Kernel) -> None:
