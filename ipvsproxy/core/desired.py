@@ -370,10 +370,19 @@ def screened(svc: Service, own: Mapping[IPAddress, str], ranges: Sequence[IPNetw
     return replace(svc, external_ips=ext, lb_ingress_ips=lb), problems
 
 
+# RealServer's fields after `weight`, at their defaults (the tail _real_servers appends)
+_RS_DEFAULTS = RealServer(DestKey(IPv4Address(0), 0))[3:]
+
+
 def _real_servers(eps: Sequence[Ep]) -> tuple[RealServer, ...]:
     # in (address, port) order, as DestKey orders them: port_endpoints gives them so, and
-    # categorize keeps the order
-    return tuple([RealServer(DestKey(e.addr, e.port), Fwd.MASQ, e.weight) for e in eps])
+    # categorize keeps the order. tuple.__new__ builds each NamedTuple from all its fields
+    # without the Python frame of its generated __new__ (as its own _make does): a million
+    # values at 50,000 services, 7% of compute_desired's instructions. (`+ tail` joins two
+    # tuples in C; `*tail` in the display goes through a list, ~1% of all instructions more.)
+    masq, tail, new = Fwd.MASQ, _RS_DEFAULTS, tuple.__new__
+    return tuple([new(RealServer, (new(DestKey, (e.addr, e.port)), masq, e.weight) + tail)  # noqa: RUF005
+                  for e in eps])
 
 
 def compute_desired(snap: Snapshot, host: HostFacts, cfg: Config) -> Desired:

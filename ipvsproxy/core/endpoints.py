@@ -48,6 +48,10 @@ def port_endpoints(slices: Sequence[EndpointSlice], sp: ServicePort, family: int
     # time at 100,000 endpoints); one family per call, so the int is unique
     found: dict[tuple[int, int], Ep] = {}
     refused: list[tuple[int, EndpointSlice]] = []
+    # endpointslicecache.go isLocal: the exact name (the API server admits lowercase node names
+    # only), and nothing is local without a node name
+    mine = node_name or None
+    new = tuple.__new__
     for sl in slices:
         if sl.family != family:
             continue
@@ -58,12 +62,14 @@ def port_endpoints(slices: Sequence[EndpointSlice], sp: ServicePort, family: int
         if sl.refused:
             refused.append((port, sl))
         for e in sl.endpoints:
-            local = bool(node_name) and e.node_name.lower() == node_name
+            local = e.node_name == mine
             key = (int(e.addr), port)
             # endpointslicecache.go addEndpoints: first one wins, unless a later one is local
             if key not in found or local:
-                found[key] = Ep(e.addr, port, sl.weight, e.ready, e.serving, e.terminating,
-                                local, e.zone_hints, e.has_hints, e.node_hints)
+                # tuple.__new__: the NamedTuple without its generated __new__'s Python frame
+                found[key] = new(Ep, (e.addr, port, sl.weight, e.ready, e.serving,
+                                      e.terminating, local, e.zone_hints, e.has_hints,
+                                      e.node_hints, True))
     out = [found[k] for k in sorted(found)]  # int keys sort in C; ipaddress's __lt__ is slow
     if refused:
         unusable: dict[tuple[int, int], Ep] = {}
@@ -71,7 +77,7 @@ def port_endpoints(slices: Sequence[EndpointSlice], sp: ServicePort, family: int
             for e in sl.refused:
                 key = (int(e.addr), port)
                 if key not in found:  # a refused spelling never stands in for a usable address
-                    local = bool(node_name) and e.node_name.lower() == node_name
+                    local = e.node_name == mine
                     unusable[key] = Ep(e.addr, port, sl.weight, e.ready, e.serving,
                                        e.terminating, local, e.zone_hints, e.has_hints,
                                        e.node_hints, False)
@@ -111,9 +117,7 @@ def topology(eps: Sequence[Ep], node_name: str, zone: str) -> str:
 
 
 def _available(e: Ep, mode: str, node_name: str, zone: str) -> bool:
-    """topology.go availableForTopology."""
-    if not mode:
-        return True
+    """topology.go availableForTopology, for a `mode` that is not ""."""
     return node_name in e.nodes if mode == "PreferSameNode" else zone in e.zones
 
 
@@ -135,8 +139,10 @@ def categorize(eps: Sequence[Ep], svc: Service, sp: ServicePort, zone: str,
     local: list[Ep] = []
     has_any = False
     if uses_cluster(svc, sp, family):
-        mode = topology(eps, node_name, zone)
-        cluster = [e for e in eps if e.ready and _available(e, mode, node_name, zone)]
+        if mode := topology(eps, node_name, zone):
+            cluster = [e for e in eps if e.ready and _available(e, mode, node_name, zone)]
+        else:  # no topology (most services): every ready endpoint, without a call for each
+            cluster = [e for e in eps if e.ready]
         if not cluster:
             cluster = [e for e in eps if e.serving_terminating]
         has_any = bool(cluster)

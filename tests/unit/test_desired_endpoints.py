@@ -6,13 +6,16 @@ plain data. The one deliberate difference (IPVSPROXY-EXT-NO-LOCAL) is tested at 
 
 from __future__ import annotations
 
-from ipaddress import ip_network
+from ipaddress import ip_address, ip_network
 from typing import Any
 
 import pytest
 
 from ipvsproxy.config import Config
 from ipvsproxy.core import tables as T
+from ipvsproxy.core.cluster import build_snapshot
+from ipvsproxy.core.endpoints import Ep, port_endpoints
+from ipvsproxy.core.ipvs import DestKey, Fwd, RealServer
 from tests.unit.kube_objects import (
     CFG46,
     NODE,
@@ -267,3 +270,17 @@ def test_real_servers_are_in_the_kernels_order_whatever_the_slices_order() -> No
                 slice_("svc", ep("10.244.1.1"), ep("10.244.0.100"), name="svc-a"))
     assert vs(d) == {"TCP 10.96.0.1:80": ["10.244.0.9:80", "10.244.0.10:80", "10.244.0.100:80",
                                           "10.244.1.1:80"]}
+
+
+def test_values_built_through_tuple_new_have_every_field() -> None:
+    """port_endpoints and the real servers build their NamedTuples with tuple.__new__, which
+    fills no defaults: each must still carry every field (a field added to Ep or RealServer
+    and not to those builders fails here, not as a short tuple in a diff)."""
+    d = desired(policy_service(), slice_("svc", ep("10.244.0.1"), weight="5"))
+    (got,) = d.dests.values()
+    assert got == (RealServer(DestKey(ip_address("10.244.0.1"), 80), Fwd.MASQ, 5),)
+    assert len(got[0]) == len(RealServer._fields)
+    snap = build_snapshot([policy_service(), slice_("svc", ep("10.244.0.1", LOCAL))], NODE)
+    svc = snap.services[0]
+    (e,) = port_endpoints(snap.slices_by_service()[svc.sid], svc.ports[0], 4, NODE)
+    assert len(e) == len(Ep._fields) and e.usable and e.local
