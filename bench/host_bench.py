@@ -7,7 +7,8 @@
   reported too; the daemon does it once per object as it arrives, not per sync.
 - Manifests (issue 22): the same 10,000-service dump read by `ipvsproxy.manifests` as YAML
   (as `kubectl get services,endpointslices,nodes -A -o yaml` writes it) and as JSON: the YAML
-  in under 5x the JSON time (ipvsproxy/kubeyaml.py; PyYAML's pure-Python loader is shown beside it).
+  in under 5x the JSON time (ipvsproxy/kubeyaml.py; PyYAML's pure-Python loader is shown beside it),
+  each with the collector off, as the command reads it.
 - Watch throughput: EndpointSlice MODIFIED events per second from a real WATCH (the test API
   server, tests/apiserver.py, in a process of its own, over loopback HTTP) through the official
   client, the reflector and into the store (target >= 20,000/s); and what the test API server
@@ -197,12 +198,15 @@ def watch_events_per_second(n: int, events: int) -> tuple[float, int]:
 
 
 def manifest_seconds(n: int, m: int, repeat: int) -> tuple[float, float, float, int]:
-    """(best JSON, best YAML, pure-Python YAML once, bytes of YAML) reading an n x m dump."""
+    """(best JSON, best YAML, pure-Python YAML once, bytes of YAML) reading an n x m dump,
+    the collector off as `sync --once` has it (with it on, its passes depend on what the
+    process held before and moved the JSON time 0.17-0.8 s from run to run)."""
     import tempfile
 
     import yaml
 
     from ipvsproxy import manifests
+    from ipvsproxy.core.gcpause import paused
 
     dump = {"apiVersion": "v1", "kind": "List", "items": generate(n, m),
             "metadata": {"resourceVersion": ""}}
@@ -213,14 +217,16 @@ def manifest_seconds(n: int, m: int, repeat: int) -> tuple[float, float, float, 
                                default_flow_style=False))
         del dump
         best = {j: float("inf"), y: float("inf")}
-        for _ in range(repeat):
-            for f in (j, y):
-                t0 = time.perf_counter()
-                manifests.load_objects(str(f))
-                best[f] = min(best[f], time.perf_counter() - t0)
-        t0 = time.perf_counter()
-        list(yaml.load_all(y.read_text(), Loader=yaml.SafeLoader))
-        pure = time.perf_counter() - t0
+        gc.collect()
+        with paused():
+            for _ in range(repeat):
+                for f in (j, y):
+                    t0 = time.perf_counter()
+                    manifests.load_objects(str(f))
+                    best[f] = min(best[f], time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            list(yaml.load_all(y.read_text(), Loader=yaml.SafeLoader))
+            pure = time.perf_counter() - t0
         return best[j], best[y], pure, y.stat().st_size
 
 

@@ -8,9 +8,8 @@ same objects (18 s at 10,000 services x 10 endpoints), and no general YAML libra
 `- item` per line, block mappings and sequences by indentation, plain and quoted scalars, `|`
 blocks, `{}` and `[]`, `---` between documents. PyYAML's dumper writes the same subset. Read
 a line at a time with str methods, each distinct line worked out once (a dump repeats most of
-its lines), that subset takes ~1 s at 10,000 services: 2.3-4.3x the JSON time as
-bench/host_bench.py measures both (the garbage collector's passes, which weigh more on JSON,
-included), ~5x on the parsing alone.
+its lines), that subset takes ~0.45 s at 10,000 services, ~3.4x the JSON time, each read as
+`sync --once` reads it, with the cyclic collector off (bench/host_bench.py).
 
 This module and kubeyaml_scalars.py own that reader and nothing else. `load_all(text)` returns
 exactly what `list(yaml.load_all(text, Loader=yaml.CSafeLoader))` returns -- same types, same
