@@ -259,6 +259,14 @@ class ControlPlane(Client):
             # On SIGTERM, end open watches (normally, as a stream's end) within 2 s; by default
             # the server holds them, silent, until its 60 s shutdown timeout.
             "--shutdown-watch-termination-grace-period=2s",
+            # ... but only 3 s after SIGTERM. The server takes itself out of `kubernetes`'
+            # endpoints in a pre-shutdown hook, and without a delay it ends the watches as soon
+            # as that write returns, which can be before its watch cache has sent the write to
+            # the watchers (genericapiserver.go RunWithContext: NotAcceptingNewRequest waits
+            # for the hooks and the delay only). One server is all there is here: a watcher
+            # that missed the write would keep the endpoint until it came back (seen once in
+            # make test: tests/kernel/test_real_apiserver.py, the withdrawn endpoint).
+            "--shutdown-delay-duration=3s",
             f"--audit-policy-file={d / 'audit-policy.yaml'}",
             f"--audit-log-path={d / 'audit.log'}", "--audit-log-mode=blocking",
             "--audit-log-maxsize=0",
@@ -396,6 +404,13 @@ class ControlPlane(Client):
     def etcd_revision(self) -> int:
         key = base64.b64encode(b"compact_rev_key").decode()
         return int(self._etcd("kv/range", {"key": key})["header"]["revision"])
+
+    def etcd_bump(self) -> int:
+        """Move etcd's revision on by one write outside what the API server stores (its keys
+        are under /registry); returns the new revision. Done while the API server is down,
+        its next watch cache starts past every revision a watcher of the last one saw."""
+        key = base64.b64encode(b"/ipvsproxy-test/revision").decode()
+        return int(self._etcd("kv/put", {"key": key, "value": ""})["header"]["revision"])
 
     def compact(self, revision: int | None = None) -> int:
         """Compact etcd's history up to `revision` (default: the current one), what the API

@@ -51,6 +51,7 @@ def serve_control(cp: ControlPlane, host: str = "127.0.0.1") -> ThreadingHTTPSer
                 ("POST", "/start"): lambda: cp.start().timings,
                 ("POST", "/restart"): lambda: cp.restart().timings,
                 ("POST", "/compact"): cp.compact,
+                ("POST", "/etcd-bump"): cp.etcd_bump,
                 ("GET", "/compacted"): lambda: cp.compacted(int(q["revision"])),
                 ("GET", "/etcd-revision"): cp.etcd_revision,
                 ("GET", "/running"): lambda: cp.running,
@@ -88,7 +89,8 @@ def guest_info(cp: ControlPlane, control: ThreadingHTTPServer) -> Obj:
 
 class Remote(Client):
     """A control plane on the host, from a lab guest: the API server at 10.0.2.2 through qemu's
-    user network, and `stop`, `start`, `restart`, `compact` through its control server."""
+    user network, and `stop`, `start`, `restart`, `compact`, `etcd_bump` through its control
+    server."""
 
     def __init__(self, info: Obj) -> None:
         self.url, self.control = info["url"], info["control"]
@@ -130,6 +132,9 @@ class Remote(Client):
 
     def compacted(self, revision: int) -> bool:
         return bool(self._control("GET", f"/compacted?revision={revision}"))
+
+    def etcd_bump(self) -> int:
+        return int(self._control("POST", "/etcd-bump"))
 
     def etcd_revision(self) -> int:
         return int(self._control("GET", "/etcd-revision"))
