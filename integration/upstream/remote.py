@@ -1,11 +1,11 @@
 """The lab guest's path to a control plane on the host.
 
 `serve_control` runs, on the host, a small HTTP control server next to the API server for what
-a guest cannot do through the API (stop, start, restart, compact, read the audit log);
-`guest_info` is what the guest needs to find both; `Remote` is the guest's side: a `Client` of
-the API server at 10.0.2.2 (qemu's user network forwards it to the host's 127.0.0.1) with the
-control calls. Starting etcd and kube-apiserver inside the emulated guest takes ~45 s against
-~4 s on the host, which is why they run there. Standard library only.
+a guest cannot do through the API (stop, start, compact, move etcd's revision on, read the
+audit log); `guest_info` is what the guest needs to find both; `Remote` is the guest's side: a
+`Client` of the API server at 10.0.2.2 (qemu's user network forwards it to the host's
+127.0.0.1) with the control calls. Starting etcd and kube-apiserver inside the emulated guest
+takes ~45 s against ~4 s on the host, which is why they run there. Standard library only.
 """
 
 from __future__ import annotations
@@ -26,9 +26,10 @@ from integration.upstream.controlplane import GUEST_SIDE_ADDRESS, ControlPlane
 
 def serve_control(cp: ControlPlane, host: str = "127.0.0.1") -> ThreadingHTTPServer:
     """An HTTP server on `host`, free port, for a lab guest's tests to do what the API does not:
-    POST /stop[?kill=1], /start, /restart (the API server), /compact (etcd; answers the revision);
-    GET /running, /starts, /compacted?revision=N, /etcd-revision, /audit?user=U. One request at a
-    time; an error answers 500 with its message. Call `shutdown()`, then `cp.close()`."""
+    POST /stop[?kill=1], /start (the API server), /compact, /etcd-bump (etcd; each answers the
+    revision); GET /running, /starts, /compacted?revision=N, /etcd-revision, /audit?user=U.
+    One request at a time; an error answers 500 with its message. Call `shutdown()`, then
+    `cp.close()`."""
     lock = threading.Lock()
 
     class Handler(BaseHTTPRequestHandler):
@@ -49,7 +50,6 @@ def serve_control(cp: ControlPlane, host: str = "127.0.0.1") -> ThreadingHTTPSer
             actions: dict[tuple[str, str], Callable[[], Any]] = {
                 ("POST", "/stop"): lambda: cp.stop(kill=q.get("kill") == "1"),
                 ("POST", "/start"): lambda: cp.start().timings,
-                ("POST", "/restart"): lambda: cp.restart().timings,
                 ("POST", "/compact"): cp.compact,
                 ("POST", "/etcd-bump"): cp.etcd_bump,
                 ("GET", "/compacted"): lambda: cp.compacted(int(q["revision"])),
@@ -89,8 +89,7 @@ def guest_info(cp: ControlPlane, control: ThreadingHTTPServer) -> Obj:
 
 class Remote(Client):
     """A control plane on the host, from a lab guest: the API server at 10.0.2.2 through qemu's
-    user network, and `stop`, `start`, `restart`, `compact`, `etcd_bump` through its control
-    server."""
+    user network, and `stop`, `start`, `compact`, `etcd_bump` through its control server."""
 
     def __init__(self, info: Obj) -> None:
         self.url, self.control = info["url"], info["control"]
@@ -116,9 +115,6 @@ class Remote(Client):
 
     def start(self) -> Any:
         return self._control("POST", "/start")
-
-    def restart(self) -> Any:
-        return self._control("POST", "/restart")
 
     def running(self) -> bool:
         return bool(self._control("GET", "/running"))
