@@ -424,12 +424,48 @@ def daemon_run(n: int, m: int, changes: int, tmp: Path) -> dict[str, Any]:
         spent = last.get(name.format("sum"), 0) - first.get(name.format("sum"), 0)
         out["sync_mean"] = spent / syncs if syncs else float("nan")
         out["syncs"] = syncs
+        # the C tool on the same kernel state: SIGTERM leaves the kernel as it is
+        d.terminate()
+        d.wait(120)
+        keys = [ServiceKey.inet(Protocol[p["protocol"]], ip_address(s["spec"]["clusterIP"]),
+                                p["port"])
+                for s in (services[f"svc-{i}"] for i in clusterip) for p in s["spec"]["ports"][:1]]
+        for est in ("1", "0"):
+            sh(f"sysctl -qw net.ipv4.vs.run_estimation={est}")
+            lat = peer_changes(keys, changes, rng)
+            out[f"peer_p50_{est}"] = statistics.median(lat)
+            out[f"peer_p99_{est}"] = lat[max(0, round(0.99 * len(lat)) - 1)]
+        sh("sysctl -qw net.ipv4.vs.run_estimation=1")
     finally:
         d.terminate()
         d.wait(120)
         api.stop()
         clean()
     return out
+
+
+IPVSADM_PROTO = {"TCP": "-t", "UDP": "-u", "SCTP": "--sctp-service"}
+
+
+def peer_changes(keys: list[Any], changes: int, rng: random.Random) -> list[float]:
+    """The kernel work of `changes` endpoint changes done by the C tool, one process each
+    (`ipvsadm -R`: one real server added, one deleted, in a random virtual server of `keys`):
+    the seconds from the process's start to its exit, sorted. What any proxy's change pays on
+    this kernel, with no API server, event or diff in it."""
+    from ipvsproxy.kernel.ipvs import IpvsClient
+
+    lat = []
+    with IpvsClient() as ipvs:
+        for k in range(changes):
+            key = rng.choice(keys)
+            old = ipvs.dests(key, stats=False)[0].dest.key
+            vs = f"{IPVSADM_PROTO[key.protocol.name]} {key.addr}:{key.port}"
+            new = f"10.250.{k >> 8 & 255}.{k & 255}:{old.port}"  # outside the cluster's pods
+            script = f"-a {vs} -r {new} -m -w 1\n-d {vs} -r {old}\n"
+            t0 = time.perf_counter()
+            subprocess.run(["ipvsadm", "-R"], input=script, text=True, check=True)
+            lat.append(time.perf_counter() - t0)
+    return sorted(lat)
 
 
 def kernel_stalls(seconds: float = 6.0) -> str:
@@ -542,6 +578,14 @@ def run_all(row: Row, info: Callable[[str, Any], None], services: int, dests: in
             "p99 at 100 services", 1.5)
         row("  the same, the kernel's rate estimator off (net.ipv4.vs.run_estimation=0)",
             big["p99_0"], small["p99_0"], "p99 at 100 services", 1.5)
+        for est, how in (("1", "as by default"), ("0", "the estimator off")):
+            for size, r in ((100, small), (services, big)):
+                info(f"ipvsadm -R at {size} services, {how}: one change's kernel work p50 / p99",
+                     f"{r['peer_p50_' + est] * 1000:.0f} / {r['peer_p99_' + est] * 1000:.0f} ms")
+            # no target: the kernel's own share, what no proxy can go under on this kernel
+            row(f"  the C tool, one change's kernel work (ipvsadm -R), p99 {services} vs 100, "
+                f"{how}", big["peer_p99_" + est], small["peer_p99_" + est],
+                "its p99 at 100 services", None)
         target = memory_target(services)
         row(f"daemon memory, {services} services x {dests} (VmRSS, MB)", big["rss_mb"], target,
             f"target {target:.0f} MB", 1.0, unit="MB")
