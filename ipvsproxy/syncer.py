@@ -15,7 +15,7 @@ from typing import Any
 
 from ipvsproxy.config import Config
 from ipvsproxy.core import tables as T
-from ipvsproxy.core.cluster import build_snapshot, first_objects, flatten
+from ipvsproxy.core.cluster import build_snapshot, first_objects
 from ipvsproxy.core.desired import Desired, HostFacts, compute_desired
 from ipvsproxy.core.model import Problem
 from ipvsproxy.core.plan import Plan, diff
@@ -38,12 +38,13 @@ def desired_from(docs: Iterable[Any], cfg: Config, host: HostFacts) -> Desired:
     return compute_desired(build_snapshot(docs, cfg.hostname), host, cfg)
 
 
-def sync(docs: Iterable[Any], cfg: Config, dry_run: bool = False) -> Outcome:
+def sync(docs: list[Any], cfg: Config, dry_run: bool = False) -> Outcome:
+    """`docs` as read (a `kind: List` is not expanded: first_objects and build_snapshot each
+    expand it as they go, and a pass of its own would delay the first services)."""
     from ipvsproxy.kernel import dataplane
     from ipvsproxy.kernel.host import host_facts
 
     t0 = time.monotonic()
-    docs = list(flatten(docs))
     host = host_facts()
     first = None
     if not dry_run and program_first(docs, cfg, host):

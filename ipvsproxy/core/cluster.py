@@ -12,6 +12,7 @@ from ipaddress import IPv4Network, IPv6Network, ip_network
 from typing import Any
 
 from ipvsproxy.core.model import (
+    LABEL_SERVICE_NAME,
     EndpointSlice,
     Node,
     Problem,
@@ -58,19 +59,36 @@ def flatten(docs: Iterable[Any]) -> Iterable[Mapping[str, Any]]:
 
 def first_objects(docs: Iterable[Any], first: Iterable[tuple[str, str]]) -> list[Mapping[str, Any]]:
     """The Services named in `first` (namespace, name), their EndpointSlices and the Nodes: what
-    a sync needs to program those services alone, found without parsing anything else."""
+    a sync needs to program those services alone, found without parsing anything else. On a
+    cold node this pass is on the way to the first answer, so an object is dropped on its name
+    alone, before its namespace is read; names and namespaces that are not strings never match
+    (the parsers report them)."""
     want = set(first)
+    names = {name for _, name in want}
     out: list[Mapping[str, Any]] = []
     for obj in flatten(docs):
         kind = obj.get("kind")
-        meta = obj.get("metadata")
-        if kind == "Node":
-            out.append(obj)
-        elif kind in ("Service", "EndpointSlice") and isinstance(meta, Mapping):
+        if kind == "Service":
+            meta = obj.get("metadata")
+            if not isinstance(meta, Mapping):
+                continue
+            name = meta.get("name")
+        elif kind == "EndpointSlice":
+            meta = obj.get("metadata")
+            if not isinstance(meta, Mapping):
+                continue
             labels = meta.get("labels")
-            name = meta.get("name") if kind == "Service" else (
-                labels.get("kubernetes.io/service-name") if isinstance(labels, Mapping) else None)
-            if (meta.get("namespace"), name) in want:
+            if not isinstance(labels, Mapping):
+                continue
+            name = labels.get(LABEL_SERVICE_NAME)
+        elif kind == "Node":
+            out.append(obj)
+            continue
+        else:
+            continue
+        if isinstance(name, str) and name in names:
+            ns = meta.get("namespace")
+            if isinstance(ns, str) and (ns, name) in want:
                 out.append(obj)
     return out
 

@@ -17,7 +17,16 @@ def test_only_the_first_services_their_slices_and_nodes() -> None:
              service("kubernetes", "10.96.0.30", ns="other"),  # same name, other namespace
              slice_("kube-dns", ep("10.244.1.7"), ns="default"),
              {"kind": "EndpointSlice", "metadata": {"namespace": "default", "labels": None}},
-             {"kind": "Service", "metadata": "garbage"}, "not an object"]
+             {"kind": "Service", "metadata": "garbage"}, "not an object",
+             # names and namespaces that are not strings (unhashable ones too) never match
+             {"kind": "Service", "metadata": {"namespace": "default", "name": ["kubernetes"]}},
+             {"kind": "Service", "metadata": {"namespace": {"x": 1}, "name": "kubernetes"}},
+             {"kind": "EndpointSlice", "metadata": {
+                 "namespace": ["default"],
+                 "labels": {"kubernetes.io/service-name": "kubernetes"}}},
+             {"kind": "EndpointSlice", "metadata": {
+                 "namespace": "default", "labels": {"kubernetes.io/service-name": {}}}},
+             {"kind": "EndpointSlice", "metadata": None}]
     n = node()
     docs = [*other, {"kind": "List", "items": [kube, kube_eps]}, dns, dns_eps, n]
     assert first_objects(docs, T.FIRST_SERVICES) == [kube, kube_eps, dns, dns_eps, n]
