@@ -430,9 +430,9 @@ def daemon_run(n: int, m: int, changes: int, tmp: Path) -> dict[str, Any]:
         keys = [ServiceKey.inet(Protocol[p["protocol"]], ip_address(s["spec"]["clusterIP"]),
                                 p["port"])
                 for s in (services[f"svc-{i}"] for i in clusterip) for p in s["spec"]["ports"][:1]]
-        for est in ("1", "0"):
+        for i, est in enumerate(("1", "0")):
             sh(f"sysctl -qw net.ipv4.vs.run_estimation={est}")
-            lat = peer_changes(keys, changes, rng)
+            lat = peer_changes(keys, changes, rng, first=i * changes)
             out[f"peer_p50_{est}"] = statistics.median(lat)
             out[f"peer_p99_{est}"] = lat[max(0, round(0.99 * len(lat)) - 1)]
         sh("sysctl -qw net.ipv4.vs.run_estimation=1")
@@ -447,16 +447,19 @@ def daemon_run(n: int, m: int, changes: int, tmp: Path) -> dict[str, Any]:
 IPVSADM_PROTO = {"TCP": "-t", "UDP": "-u", "SCTP": "--sctp-service"}
 
 
-def peer_changes(keys: list[Any], changes: int, rng: random.Random) -> list[float]:
+def peer_changes(keys: list[Any], changes: int, rng: random.Random, first: int = 0
+                 ) -> list[float]:
     """The kernel work of `changes` endpoint changes done by the C tool, one process each
     (`ipvsadm -R`: one real server added, one deleted, in a random virtual server of `keys`):
     the seconds from the process's start to its exit, sorted. What any proxy's change pays on
-    this kernel, with no API server, event or diff in it."""
+    this kernel, with no API server, event or diff in it. New real servers are numbered from
+    `first`: a later call must not add one an earlier call left in the same service (ipvsadm
+    fails on "Destination already exists")."""
     from ipvsproxy.kernel.ipvs import IpvsClient
 
     lat = []
     with IpvsClient() as ipvs:
-        for k in range(changes):
+        for k in range(first, first + changes):
             key = rng.choice(keys)
             old = ipvs.dests(key, stats=False)[0].dest.key
             vs = f"{IPVSADM_PROTO[key.protocol.name]} {key.addr}:{key.port}"
