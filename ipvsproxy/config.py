@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from ipaddress import IPv4Network, IPv6Network, ip_network
 from typing import Any
 
+from ipvsproxy.core.tables import KERNEL_SCHEDULERS
+
 IPNetwork = IPv4Network | IPv6Network
 
 
@@ -38,6 +40,10 @@ class Config:
     # No externalIP or LoadBalancer IP inside these (with the cluster's ServiceCIDR objects)
     service_cidrs: tuple[IPNetwork, ...] = ()
     external_ip_cidrs: tuple[IPNetwork, ...] = ()  # () = any externalIP; else only inside these
+    # the nodes' own network: no externalIP inside it unless --external-ip-cidrs allows it
+    node_network_cidrs: tuple[IPNetwork, ...] = ()
+    # the most virtual servers and source-range entries one Service may make on a node
+    max_objects_per_service: int = 10_000
     # daemon (`run`) only; kube-proxy's defaults, except min_sync_period (see add_daemon_flags)
     sync_period: float = 30.0
     min_sync_period: float = 1.0
@@ -58,6 +64,8 @@ def _cidrs(text: str | None, flag: str) -> tuple[IPNetwork, ...]:
     out: list[IPNetwork] = []
     for word in filter(None, (w.strip() for w in (text or "").split(","))):
         try:
+            if "%" in word:  # an IPv6 zone, which ip_network takes
+                raise ValueError(word)
             out.append(ip_network(word, strict=False))
         except ValueError:
             raise ConfigError(f"{flag}: {word!r} is not a CIDR") from None
@@ -117,6 +125,13 @@ def add_proxy_flags(parser: argparse.ArgumentParser) -> None:
     a("--external-ip-cidrs", metavar="CIDRS", default="",
       help="comma list of CIDRs externalIPs must be inside (default: any), as the "
            "DenyServiceExternalIPs admission plugin would, enforced on every node")
+    a("--node-network-cidrs", metavar="CIDRS", default="",
+      help="comma list of the CIDRs the nodes' own addresses are in: an externalIP inside them "
+           "(another node's address) is refused unless --external-ip-cidrs allows it")
+    a("--max-objects-per-service", metavar="N", type=int, default=10_000,
+      help="the most virtual servers and LoadBalancer source-range entries one Service may "
+           "make on a node; a Service over it is refused with a warning (default 10000; 0: no "
+           "limit)")
     a("--ip-families", metavar="LIST", default="auto",
       help="4, 6, 4,6 or auto (IPv6 too when the host has it and ip6tables is installed)")
 
@@ -162,9 +177,14 @@ def _families(text: str) -> tuple[int, ...]:
 def from_args(args: argparse.Namespace) -> Config:
     if not 0 <= args.iptables_masquerade_bit <= 31:
         raise ConfigError("--iptables-masquerade-bit must be within 0..31")
+    if args.max_objects_per_service < 0:
+        raise ConfigError("--max-objects-per-service must be 0 (no limit) or more")
     np_text = args.nodeport_addresses.strip()
     primary = np_text == "primary"
     sched = args.ipvs_scheduler.strip().lower() or "rr"
+    if sched not in KERNEL_SCHEDULERS:
+        raise ConfigError(f"--ipvs-scheduler: {sched!r} is not an IPVS scheduler "
+                          f"({', '.join(sorted(KERNEL_SCHEDULERS))})")
     cluster_cidrs = _cidrs(args.cluster_cidr, "--cluster-cidr")
     if len({n.version for n in cluster_cidrs}) != len(cluster_cidrs):
         # As kube-proxy (validateDualStackCIDRStrings): the masquerade rule is one
@@ -187,6 +207,8 @@ def from_args(args: argparse.Namespace) -> Config:
         service_cidrs=_cidrs(args.service_cluster_ip_range,
                              "--service-cluster-ip-range"),
         external_ip_cidrs=_cidrs(args.external_ip_cidrs, "--external-ip-cidrs"),
+        node_network_cidrs=_cidrs(args.node_network_cidrs, "--node-network-cidrs"),
+        max_objects_per_service=args.max_objects_per_service,
         **_daemon_fields(args),
     )
 

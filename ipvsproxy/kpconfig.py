@@ -41,8 +41,9 @@ Decisions, and why:
 
 ipvsproxy flags with no KubeProxyConfiguration field: --ip-families (kube-proxy detects the
 families), --ipvs-graceful-termination-period and --service-metrics (ipvsproxy's own), and
---service-cluster-ip-range and --external-ip-cidrs (kube-proxy has neither: the service range is
-the API server's setting, and ipvsproxy also reads it from the cluster's ServiceCIDR objects).
+--service-cluster-ip-range, --external-ip-cidrs, --node-network-cidrs and
+--max-objects-per-service (kube-proxy has none of them: the service range is the API server's
+setting, and ipvsproxy also reads it from the cluster's ServiceCIDR objects).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from ipaddress import IPv4Network, IPv6Network, ip_network
+from ipaddress import IPv4Network, IPv6Network
 from typing import Any
 
 from ipvsproxy.core.model import (
@@ -17,6 +17,7 @@ from ipvsproxy.core.model import (
     Node,
     Problem,
     Service,
+    cidr,
     parse_node,
     parse_service,
 )
@@ -135,9 +136,10 @@ def service_cidrs(obj: Mapping[str, Any], problems: list[Problem]
     spec = obj.get("spec")
     out: list[IPv4Network | IPv6Network] = []
     for raw in spec.get("cidrs", []) if isinstance(spec, Mapping) else []:
-        try:
-            out.append(ip_network(raw, strict=True) if isinstance(raw, str) else ip_network(""))
-        except ValueError:
+        net = cidr(raw, strict=True) if isinstance(raw, str) and raw == raw.strip() else None
+        if net is not None:
+            out.append(net)
+        else:
             problems.append(Problem("ServiceCIDR", "", name if isinstance(name, str) else
                                     "<unnamed>", f"spec.cidrs entry {raw!r} is not a CIDR; "
                                     "ignored"))

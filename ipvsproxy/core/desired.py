@@ -8,17 +8,20 @@ of outside traffic to externalTrafficPolicy=Local services without local endpoin
 `frontends()` is the one place that says which virtual servers a service port has.
 
 Who gets an address:port:protocol that several Services claim is decided by authority, never by
-names: a ClusterIP (allocated and made unique by the API server) beats any externalIP or
-LoadBalancer IP, and between claims of one rank the older Service (creationTimestamp, then UID)
-wins. Before that, `screened()` drops the tenant-written addresses that may not be claimed at
-all: those inside the cluster's service ranges or equal to one of the node's own addresses, and
-externalIPs outside --external-ip-cidrs when it is set. (README, "Deliberate differences".)
+names: claims are ranked by who may write them (RANK): a ClusterIP or NodePort (allocated and
+made unique by the API server), then a LoadBalancer status IP (written by the load balancer's
+controller; tenants cannot write status), then an externalIP (any editor of the Service); between
+claims of one rank the older Service (creationTimestamp, then UID) wins. Before that, `screen()`
+drops the tenant-written addresses that may not be claimed at all (inside the cluster's service
+ranges or its pod network, the node's own addresses and the node network unless the operator
+allows them) and refuses a Service that would expand into more kernel objects than
+--max-objects-per-service. (README, "Deliberate differences" and "Security".)
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network
 
 from ipvsproxy.config import Config
@@ -50,6 +53,7 @@ from ipvsproxy.core.ipvs import (
 )
 from ipvsproxy.core.model import Problem, Service, ServicePort
 from ipvsproxy.core.rules import RuleInputs, Rules, render_rules
+from ipvsproxy.core.screen import Screen, screen
 
 IPAddress = IPv4Address | IPv6Address
 IPNetwork = IPv4Network | IPv6Network
@@ -63,6 +67,16 @@ class HostFacts:
 
     addresses: tuple[tuple[str, IPAddress], ...] = ()  # (interface, address), every interface
     kernel: tuple[int, int] = (6, 1)
+    # the IPVS schedulers this kernel has (built in or as a module); None: unknown (no module
+    # index to read), every name of model.KERNEL_SCHEDULERS is tried
+    schedulers: frozenset[str] | None = None
+
+
+# Who may write a claim, most trusted first: the API server allocates ClusterIPs and NodePorts
+# and keeps them unique; a load balancer's controller writes status.loadBalancer.ingress (status:
+# no tenant can); any editor of a Service writes spec.externalIPs. spec.loadBalancerIP is only a
+# request to that controller and is never programmed by itself (kube-proxy does not either).
+RANK = {"cluster-ip": 0, "node-port": 0, "load-balancer": 1, "external-ip": 2}
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,7 +109,6 @@ class Desired:
     problems: tuple[Problem, ...] = ()
     # What each Service contributed, for the daemon's incremental syncs (core/incremental.py)
     index: Mapping[tuple[str, str], ServiceIndex] = field(default_factory=dict)
-    contested: frozenset[ServiceKey] = frozenset()  # claimed by two services (one won)
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,10 +124,13 @@ class ServiceIndex:
     # ("internal" | "external", family) when a Local policy finds endpoints, none of them on
     # this node (kube-proxy's sync_proxy_rules_no_local_endpoints_total counts such services)
     no_local: tuple[tuple[str, int], ...] = ()
+    # the virtual servers it claimed and another Service won: a change to either of the two
+    # may move the claim, so an incremental sync recomputes both (core/incremental.py)
+    lost: tuple[ServiceKey, ...] = ()
 
 
 class _IndexAcc:
-    __slots__ = ("addresses", "entries", "keys", "no_local", "out_filter")
+    __slots__ = ("addresses", "entries", "keys", "lost", "no_local", "out_filter")
 
     def __init__(self) -> None:
         self.keys: list[ServiceKey] = []
@@ -122,11 +138,13 @@ class _IndexAcc:
         self.addresses: list[IPAddress] = []
         self.out_filter: list[tuple[int, IPAddress, str, int]] = []
         self.no_local: list[tuple[str, int]] = []
+        self.lost: list[ServiceKey] = []
 
     def freeze(self) -> ServiceIndex:
         return ServiceIndex(tuple(self.keys), tuple(dict.fromkeys(self.entries)),
                             tuple(dict.fromkeys(self.addresses)),
-                            tuple(self.out_filter), tuple(dict.fromkeys(self.no_local)))
+                            tuple(self.out_filter), tuple(dict.fromkeys(self.no_local)),
+                            tuple(dict.fromkeys(self.lost)) if self.lost else ())
 
 
 def family_rules(family: int, cfg: Config, nonempty: frozenset[str],
@@ -173,14 +191,15 @@ def node_ips(host: HostFacts, cfg: Config, primary: Sequence[IPAddress],
 def frontends(svc: Service, sp: ServicePort, family: int, nodeips: Sequence[IPAddress],
               ) -> Iterator[Frontend]:
     """Every virtual server of one service port, in kube-proxy's order. Every address but a
-    NodePort's is bound to kube-ipvs0: `screened` took out the node's own addresses (which
-    kube-proxy programs without binding them)."""
+    NodePort's, and an externalIP the operator lets a node's address be (Service.unbound_ips,
+    which kube-proxy too programs without binding), is bound to kube-ipvs0."""
     for cip in svc.cluster_ips:
         if cip.version == family:
             yield Frontend("cluster-ip", cip, sp.port, True, svc.internal_local)
     for eip in svc.external_ips:
         if eip.version == family:
-            yield Frontend("external-ip", eip, sp.port, True, svc.external_local)
+            yield Frontend("external-ip", eip, sp.port, eip not in svc.unbound_ips,
+                           svc.external_local)
     for lb in svc.lb_ingress_ips:
         if lb.version == family:
             yield Frontend("load-balancer", lb, sp.port, True, svc.external_local)
@@ -189,16 +208,32 @@ def frontends(svc: Service, sp: ServicePort, family: int, nodeips: Sequence[IPAd
             yield Frontend("node-port", nip, sp.node_port, False, svc.external_local)
 
 
-class _Builder:
-    """Accumulates one family's desired state while the services are walked."""
+class _Port:
+    """One service port as the builder keeps it between its passes (see _Builder)."""
 
-    def __init__(self, family: int, cfg: Config, host: HostFacts, primary: list[IPAddress],
-                 zone: str, cluster_keys: Mapping[tuple[str, IPAddress, int], str]) -> None:
+    __slots__ = ("acc", "cat", "flags", "owner", "proto", "ranges", "sched", "sp", "svc")
+
+    def __init__(self, svc: Service, sp: ServicePort, cat: Categorized, sched: str, flags: int,
+                 ranges: list[IPNetwork], owner: str, acc: _IndexAcc) -> None:
+        self.svc, self.sp, self.cat, self.sched, self.flags = svc, sp, cat, sched, flags
+        self.ranges, self.owner, self.acc = ranges, owner, acc
+        self.proto = sp.protocol.value.lower()
+
+
+class _Builder:
+    """Accumulates one family's desired state while the services are walked.
+
+    Claims are settled by the order frontends are added, first come first served: every
+    service's ClusterIPs and NodePorts (add_port), then every LoadBalancer IP, then every
+    externalIP (add_deferred), each pass over the services oldest first (RANK, `age`)."""
+
+    def __init__(self, family: int, cfg: Config, nodeips: list[IPAddress],
+                 primary: list[IPAddress], zone: str) -> None:
         self.family = family
         self.cfg = cfg
         self.zone = zone
         self.primary = primary[0] if primary else None
-        self.nodeips = node_ips(host, cfg, primary, family)
+        self.nodeips = nodeips
         self.sets: dict[str, set[str]] = {d.name: set() for d in (*T.IPSETS, *T.OWN_IPSETS)}
         self.services: dict[ServiceKey, VirtualServer] = {}
         self.dests: dict[ServiceKey, tuple[RealServer, ...]] = {}
@@ -206,26 +241,27 @@ class _Builder:
         self.bound: set[IPAddress] = set()
         self.out_filter: list[tuple[IPAddress, str, int]] = []
         self.problems: list[Problem] = []
-        self.claims: dict[ServiceKey, str] = {}  # key -> "ns/name" of the service that won it
-        self.contested: set[ServiceKey] = set()
-        # (protocol, ClusterIP, port) -> "ns/name:port" of the oldest Service holding it: no
-        # externalIP or LoadBalancer IP of another Service may take one, whatever the order
-        self.cluster_keys = cluster_keys
+        # key -> ("ns/name" of the service that won it, the kind of its claim)
+        self.claims: dict[ServiceKey, tuple[str, str]] = {}
         self.acc = _IndexAcc()
+        self._last_eps: tuple[Ep, ...] | None = None
+        self._last_rs: tuple[RealServer, ...] = ()
 
     def _add(self, name: str, entry: str) -> None:
         self.sets[name].add(entry)
         self.acc.entries.append((T.family_name(name, self.family), entry))
 
     def add_port(self, svc: Service, sp: ServicePort, cat: Categorized,
-                 eps_local: Sequence[tuple[IPAddress, int]]) -> None:
-        proto = sp.protocol.value.lower()
+                 eps_local: Sequence[tuple[IPAddress, int]]) -> _Port | None:
+        """The port's own entries and its ClusterIP and NodePort frontends; the port again when
+        it has LoadBalancer or external IPs of this family, for add_deferred."""
         add = self._add
         if cat.has_any and not cat.local:
             if svc.internal_local:
                 self.acc.no_local.append(("internal", self.family))
             if svc.external_local:
                 self.acc.no_local.append(("external", self.family))
+        proto = sp.protocol.value.lower()
         for addr, port in eps_local:
             add(T.LOOP_BACK, ip_port_ip_entry(addr, proto, port, addr))
         sched = svc.scheduler or self.cfg.scheduler
@@ -236,83 +272,97 @@ class _Builder:
             flags |= SVC_F_PERSISTENT
         ranges = [r for r in svc.lb_source_ranges if r.version == self.family]
         owner = f"{svc.namespace}/{svc.name}:{sp.name}" if sp.name else svc.key
-        last_eps: tuple[Ep, ...] | None = None
-        last_rs: tuple[RealServer, ...] = ()
+        p = _Port(svc, sp, cat, sched, flags, ranges, owner, self.acc)
+        deferred = False
         for fe in frontends(svc, sp, self.family, self.nodeips):
-            key = ServiceKey.inet(PROTO[sp.protocol.value], fe.addr, fe.port)
-            if fe.kind in ("external-ip", "load-balancer") and (held := self.cluster_keys.get(
-                    (sp.protocol.value, fe.addr, fe.port))) is not None \
-                    and not held.startswith(svc.key + ":") and held != svc.key:
-                self.contested.add(key)
-                self.problems.append(Problem(
-                    "Service", svc.namespace, svc.name,
-                    f"{fe.kind} {key} is the ClusterIP of {held}; ignored"))
-                continue
-            again = key in self.services
-            if again and (self.claims[key] != svc.key or fe.kind in ("cluster-ip",
-                                                                     "node-port")):
-                if self.claims[key] != svc.key:
-                    self.contested.add(key)
-                self.problems.append(Problem(
-                    "Service", svc.namespace, svc.name,
-                    f"{fe.kind} {key} is already used by {self.owners[key]}; ignored"))
-                continue
-            entry = ip_port_entry(fe.addr, proto, fe.port)
-            eps = cat.cluster
-            if fe.local_policy and cat.local:
-                eps = cat.local
-            elif fe.local_policy and fe.external and cat.cluster:
-                # Deliberate difference: outside clients are dropped (as kube-proxy's iptables
-                # mode does); the node and its pods still reach the cluster endpoints.
-                add(T.EXT_NO_LOCAL, entry)
-            if not again:
-                # An address that is this Service's externalIP and LB ingress IP is one virtual
-                # server with both roles: the sets and firewall of each (as kube-proxy has it)
-                self.services[key] = VirtualServer(
-                    key, sched, flags, svc.affinity_timeout,
-                    -1 if not svc.affinity_timeout else (0xFFFFFFFF if self.family == 4 else 128))
-                self.owners[key] = owner
-                self.claims[key] = svc.key
-                self.acc.keys.append(key)
-                if eps is not last_eps:  # a port's frontends mostly share one endpoint list
-                    last_eps, last_rs = eps, _real_servers(eps)
-                self.dests[key] = last_rs
-            add(T.OWNED, entry)
-            if fe.bind:
-                self.bound.add(fe.addr)
-                self.acc.addresses.append(fe.addr)
-                add(T.IPVS_IPS, ip_entry(fe.addr))
-            if fe.kind == "cluster-ip":
-                add(T.CLUSTER_IP, entry)
-            elif fe.kind == "external-ip":
-                add(T.EXTERNAL_IP_LOCAL if svc.external_local else T.EXTERNAL_IP, entry)
-            elif fe.kind == "load-balancer":
-                add(T.LOAD_BALANCER, entry)
-                if svc.external_local:
-                    add(T.LOAD_BALANCER_LOCAL, entry)
-                if ranges:
-                    add(T.LOAD_BALANCER_FW, entry)
-                    for r in ranges:
-                        add(T.LB_SOURCE_CIDR, ip_port_net_entry(fe.addr, proto, fe.port, r))
-                    if self.primary is not None and any(self.primary in r for r in ranges):
-                        add(T.LB_SOURCE_IP, ip_port_ip_entry(fe.addr, proto, fe.port, fe.addr))
-                    else:
-                        self.out_filter.append((fe.addr, proto, fe.port))
-                        self.acc.out_filter.append((self.family, fe.addr, proto, fe.port))
-            elif fe.kind == "node-port":
-                if proto == "sctp":
-                    add(T.NODE_PORT_SCTP, entry)
-                    if svc.external_local:
-                        add(T.NODE_PORT_LOCAL_SCTP, entry)
-                else:
-                    name = T.NODE_PORT_TCP if proto == "tcp" else T.NODE_PORT_UDP
-                    add(name, port_entry(fe.port))
-                    if svc.external_local:
-                        local = T.NODE_PORT_LOCAL_TCP if proto == "tcp" else T.NODE_PORT_LOCAL_UDP
-                        add(local, port_entry(fe.port))
+            if RANK[fe.kind]:
+                deferred = True
+            else:
+                self._frontend(p, fe)
         # kube-proxy skips the health-check port too when no node IP serves NodePorts (quirk)
         if svc.health_check_node_port and (self.nodeips or not sp.node_port):
             add(T.HEALTH_CHECK_NODE_PORT, port_entry(svc.health_check_node_port))
+        return p if deferred else None
+
+    def add_deferred(self, ports: Sequence[_Port], kind: str) -> None:
+        """The frontends of one later rank ("load-balancer", "external-ip") of these ports."""
+        for p in ports:
+            self.acc = p.acc
+            for fe in frontends(p.svc, p.sp, self.family, self.nodeips):
+                if fe.kind == kind:
+                    self._frontend(p, fe)
+
+    def _frontend(self, p: _Port, fe: Frontend) -> None:
+        svc, proto, add = p.svc, p.proto, self._add
+        key = ServiceKey.inet(PROTO[p.sp.protocol.value], fe.addr, fe.port)
+        claim = self.claims.get(key)
+        if claim is not None and (claim[0] != svc.key or RANK[fe.kind] == 0):
+            # Taken by a claim of higher rank, or of the same rank by an older Service (or
+            # a second claim of one Service's ClusterIP or NodePort: a duplicate port)
+            holder, held_as = claim
+            if holder != svc.key:
+                self.acc.lost.append(key)
+            what = "the ClusterIP of" if held_as == "cluster-ip" else \
+                "the LoadBalancer IP of" if held_as != fe.kind and held_as == "load-balancer" \
+                else "already used by"
+            self.problems.append(Problem("Service", svc.namespace, svc.name,
+                                         f"{fe.kind} {key} is {what} {self.owners[key]}; "
+                                         "ignored"))
+            return
+        cat = p.cat
+        entry = ip_port_entry(fe.addr, proto, fe.port)
+        eps = cat.cluster
+        if fe.local_policy and cat.local:
+            eps = cat.local
+        elif fe.local_policy and fe.external and cat.cluster:
+            # Deliberate difference: outside clients are dropped (as kube-proxy's iptables
+            # mode does); the node and its pods still reach the cluster endpoints.
+            add(T.EXT_NO_LOCAL, entry)
+        if claim is None:
+            # An address that is this Service's externalIP and LB ingress IP is one virtual
+            # server with both roles: the sets and firewall of each (as kube-proxy has it)
+            self.services[key] = VirtualServer(
+                key, p.sched, p.flags, svc.affinity_timeout,
+                -1 if not svc.affinity_timeout else (0xFFFFFFFF if self.family == 4 else 128))
+            self.owners[key] = p.owner
+            self.claims[key] = (svc.key, fe.kind)
+            self.acc.keys.append(key)
+            if eps is not self._last_eps:  # a port's frontends mostly share one endpoint list
+                self._last_eps, self._last_rs = eps, _real_servers(eps)
+            self.dests[key] = self._last_rs
+        add(T.OWNED, entry)
+        if fe.bind:
+            self.bound.add(fe.addr)
+            self.acc.addresses.append(fe.addr)
+            add(T.IPVS_IPS, ip_entry(fe.addr))
+        if fe.kind == "cluster-ip":
+            add(T.CLUSTER_IP, entry)
+        elif fe.kind == "external-ip":
+            add(T.EXTERNAL_IP_LOCAL if svc.external_local else T.EXTERNAL_IP, entry)
+        elif fe.kind == "load-balancer":
+            add(T.LOAD_BALANCER, entry)
+            if svc.external_local:
+                add(T.LOAD_BALANCER_LOCAL, entry)
+            if p.ranges:
+                add(T.LOAD_BALANCER_FW, entry)
+                for r in p.ranges:
+                    add(T.LB_SOURCE_CIDR, ip_port_net_entry(fe.addr, proto, fe.port, r))
+                if self.primary is not None and any(self.primary in r for r in p.ranges):
+                    add(T.LB_SOURCE_IP, ip_port_ip_entry(fe.addr, proto, fe.port, fe.addr))
+                else:
+                    self.out_filter.append((fe.addr, proto, fe.port))
+                    self.acc.out_filter.append((self.family, fe.addr, proto, fe.port))
+        elif fe.kind == "node-port":
+            if proto == "sctp":
+                add(T.NODE_PORT_SCTP, entry)
+                if svc.external_local:
+                    add(T.NODE_PORT_LOCAL_SCTP, entry)
+            else:
+                name = T.NODE_PORT_TCP if proto == "tcp" else T.NODE_PORT_UDP
+                add(name, port_entry(fe.port))
+                if svc.external_local:
+                    local = T.NODE_PORT_LOCAL_TCP if proto == "tcp" else T.NODE_PORT_LOCAL_UDP
+                    add(local, port_entry(fe.port))
 
     def finish(self) -> tuple[dict[str, frozenset[str]], Rules]:
         sets = {T.family_name(n, self.family): frozenset(m) for n, m in self.sets.items()}
@@ -335,41 +385,6 @@ def age(svc: Service) -> tuple[str, str, str, str]:
     return (svc.created or "\uffff", svc.uid, svc.namespace, svc.name)
 
 
-def screened(svc: Service, own: Mapping[IPAddress, str], ranges: Sequence[IPNetwork],
-             allowed: Sequence[IPNetwork]) -> tuple[Service, list[Problem]]:
-    """`svc` without the externalIPs and LoadBalancer IPs a tenant may not claim: inside a
-    service range (a ClusterIP's, whoever holds it: CVE-2020-8554), one of this node's own
-    addresses (`own`: address -> where it is), or, for externalIPs, outside `allowed` when
-    that is given. Each refusal is a Problem naming the Service."""
-    if not svc.external_ips and not svc.lb_ingress_ips:
-        return svc, []
-    problems: list[Problem] = []
-
-    def keep(what: str, addrs: tuple[IPAddress, ...], allow: Sequence[IPNetwork]
-             ) -> tuple[IPAddress, ...]:
-        out = []
-        for a in addrs:
-            why = ""
-            if (r := next((r for r in ranges if a in r), None)) is not None:
-                why = f"inside the service range {r}"
-            elif a in own:
-                why = f"an address of this node ({own[a]})"
-            elif allow and not any(a in n for n in allow):
-                why = "outside --external-ip-cidrs"
-            if why:
-                problems.append(Problem("Service", svc.namespace, svc.name,
-                                        f"{what} {a} is {why}; ignored"))
-            else:
-                out.append(a)
-        return addrs if len(out) == len(addrs) else tuple(out)
-
-    ext = keep("externalIP", svc.external_ips, allowed)
-    lb = keep("loadBalancer ingress IP", svc.lb_ingress_ips, ())
-    if not problems:
-        return svc, []
-    return replace(svc, external_ips=ext, lb_ingress_ips=lb), problems
-
-
 # RealServer's fields after `weight`, at their defaults (the tail _real_servers appends)
 _RS_DEFAULTS = RealServer(DestKey(IPv4Address(0), 0))[3:]
 
@@ -390,6 +405,20 @@ def compute_desired(snap: Snapshot, host: HostFacts, cfg: Config) -> Desired:
         return _compute_desired(snap, host, cfg)
 
 
+def screen_of(snap: Snapshot, host: HostFacts, cfg: Config,
+              nodeips: Mapping[int, Sequence[IPAddress]]) -> Screen:
+    """What this node lets a Service claim (core/screen.py), from its own facts and settings."""
+    node = snap.node
+    own = {a: i for i, a in host.addresses if i != KUBE_IPVS0}
+    own.update((a, "its Node") for a in (node.addresses if node else ()) if a not in own)
+    pods = [(n, "the pod network (--cluster-cidr)") for n in cfg.cluster_cidrs]
+    pods += [(n, "this node's podCIDR") for n in (node.pod_cidrs if node else ())]
+    return Screen(own, tuple(dict.fromkeys((*cfg.service_cidrs, *snap.service_cidrs))),
+                  tuple(pods), cfg.node_network_cidrs, cfg.external_ip_cidrs,
+                  host.schedulers, cfg.max_objects_per_service, cfg.families,
+                  {f: len(v) for f, v in nodeips.items()})
+
+
 def _compute_desired(snap: Snapshot, host: HostFacts, cfg: Config) -> Desired:
     node = snap.node
     zone = node.zone if node else ""
@@ -403,25 +432,19 @@ def _compute_desired(snap: Snapshot, host: HostFacts, cfg: Config) -> Desired:
     rules: dict[int, Rules] = {}
     problems = list(snap.problems)
     accs: dict[tuple[str, str], _IndexAcc] = {}
-    contested: set[ServiceKey] = set()
-    own = {a: i for i, a in host.addresses if i != KUBE_IPVS0}
-    own.update((a, "its Node") for a in (node.addresses if node else ()) if a not in own)
-    ranges = tuple(dict.fromkeys((*cfg.service_cidrs, *snap.service_cidrs)))
+    primaries = {f: [a for a in (node.addresses if node else ()) if a.version == f]
+                 for f in cfg.families}
+    nodeips = {f: node_ips(host, cfg, primaries[f], f) for f in cfg.families}
+    sc = screen_of(snap, host, cfg, nodeips)
     ordered = []
     for svc in sorted(snap.services, key=age):
-        svc, refused = screened(svc, own, ranges, cfg.external_ip_cidrs)
+        kept, refused = screen(svc, sc)
         problems.extend(refused)
-        ordered.append(svc)
+        if kept is not None:
+            ordered.append(kept)
     for family in cfg.families:
-        primary = [a for a in (node.addresses if node else ()) if a.version == family]
-        cluster_keys: dict[tuple[str, IPAddress, int], str] = {}
-        for svc in ordered:
-            for cip in svc.cluster_ips:
-                if cip.version == family:
-                    for sp in svc.ports:
-                        cluster_keys.setdefault((sp.protocol.value, cip, sp.port),
-                                                f"{svc.key}:{sp.name}" if sp.name else svc.key)
-        b = _Builder(family, cfg, host, primary, zone, cluster_keys)
+        b = _Builder(family, cfg, nodeips[family], primaries[family], zone)
+        later: list[_Port] = []
         for svc in ordered:
             b.acc = accs.setdefault(svc.sid, _IndexAcc())
             if not any(c.version == family for c in svc.cluster_ips):
@@ -431,9 +454,11 @@ def _compute_desired(snap: Snapshot, host: HostFacts, cfg: Config) -> Desired:
                 eps = port_endpoints(slices, sp, family, cfg.hostname)
                 cat = categorize(eps, svc, sp, zone, family, cfg.hostname)
                 local = [(e.addr, e.port) for e in eps if e.local and e.usable]
-                b.add_port(svc, sp, cat, local)
+                if (p := b.add_port(svc, sp, cat, local)) is not None:
+                    later.append(p)
+        b.add_deferred(later, "load-balancer")
+        b.add_deferred(later, "external-ip")
         fam_sets, fam_rules = b.finish()
-        contested |= b.contested
         services.update(b.services)
         dests.update(b.dests)
         owners.update(b.owners)
@@ -447,4 +472,4 @@ def _compute_desired(snap: Snapshot, host: HostFacts, cfg: Config) -> Desired:
         timeouts = Timeouts(cfg.tcp_timeout, cfg.tcpfin_timeout, cfg.udp_timeout)
     return Desired(cfg.families, services, dests, owners, frozenset(bound), tuple(specs),
                    sets, rules, sysctls(cfg, host), timeouts, tuple(problems),
-                   {k: a.freeze() for k, a in accs.items()}, frozenset(contested))
+                   {k: a.freeze() for k, a in accs.items()})

@@ -10,16 +10,19 @@ ordinary `diff` over that slice of the state, and `applied.commit(...)` records 
 Set members and kube-ipvs0 addresses can be shared between services (two services selecting the
 same pod port share a KUBE-LOOP-BACK member; services sharing a LoadBalancer IP share its
 address), so they are reference-counted: a member is removed only when no service uses it.
-A change that touches a virtual server claimed by two services (a conflict, where the first in
-namespace/name order wins) is not done incrementally: `scope` returns None and the caller runs a
-full sync, which settles the winner exactly as `compute_desired` does.
+
+A virtual server several services claim (core/desired.py settles who wins) is settled
+incrementally too: `rivals` names the other services that claimed, or claim, what the changed
+ones claim, and the caller recomputes those with them, until no claim reaches outside. So a
+collision costs what a change to the services in it costs, never a full sync (a tenant toggling
+a colliding externalIP used to make every other sync full).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections import Counter
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network
 from typing import Any
@@ -51,7 +54,7 @@ class Applied:
     dest_counts: dict[ServiceKey, int]
     owners: dict[ServiceKey, str]
     key_owner: dict[ServiceKey, ServiceId]
-    contested: frozenset[ServiceKey]
+    lost_by: dict[ServiceKey, set[ServiceId]]  # the services that claimed a key and lost it
     entry_refs: Counter[tuple[str, str]]
     set_sizes: Counter[str]  # family-prefixed set name -> members with refs > 0
     addr_refs: Counter[IPAddress]
@@ -67,8 +70,8 @@ class Applied:
         """`specs`: the sets as the kernel holds them after the full sync (Plan.specs), whose
         sizes restore scripts must repeat; `des.specs` when not given."""
         a = cls(des.families, {}, dict(des.services),
-                {k: len(v) for k, v in des.dests.items()}, dict(des.owners), {},
-                des.contested, Counter(), Counter(), Counter(), Counter(), Counter(),
+                {k: len(v) for k, v in des.dests.items()}, dict(des.owners), {}, {},
+                Counter(), Counter(), Counter(), Counter(), Counter(),
                 dict(des.rules), specs or des.specs)
         for sid, ix in des.index.items():
             a._add(sid, ix)
@@ -81,6 +84,8 @@ class Applied:
         self.index[sid] = ix
         for k in ix.keys:
             self.key_owner[k] = sid
+        for k in ix.lost:
+            self.lost_by.setdefault(k, set()).add(sid)
         for e in ix.entries:
             self.entry_refs[e] += 1
             if self.entry_refs[e] == 1:
@@ -96,6 +101,12 @@ class Applied:
         for k in ix.keys:
             if self.key_owner.get(k) == sid:
                 del self.key_owner[k]
+        for k in ix.lost:
+            losers = self.lost_by.get(k)
+            if losers is not None:
+                losers.discard(sid)
+                if not losers:
+                    del self.lost_by[k]
         for e in ix.entries:
             self.entry_refs[e] -= 1
             if self.entry_refs[e] <= 0:
@@ -107,17 +118,47 @@ class Applied:
 
     # --------------------------------------------------------------------------- steps
 
-    def scope(self, part: Desired, dirty: Collection[ServiceId]) -> set[ServiceKey] | None:
-        """The virtual servers a change to `dirty` touches (old and new), or None when the
-        change involves a contested virtual server and needs a full sync."""
+    def rivals(self, part: Desired, dirty: Collection[ServiceId]) -> set[ServiceId]:
+        """The services outside `dirty` that claimed or claim a virtual server a service in
+        `dirty` claimed (applied) or claims (`part`, computed over `dirty`): who wins it may
+        change, so they belong in the change. Empty once `dirty` holds every claimant."""
         keys: set[ServiceKey] = set()
-        if part.contested:
-            return None
         for sid in dirty:
             old = self.index.get(sid)
             if old is not None:
-                if any(k in self.contested for k in old.keys):
-                    return None
+                keys.update(old.keys)
+                keys.update(old.lost)
+        for ix in part.index.values():
+            keys.update(ix.keys)
+            keys.update(ix.lost)
+        out: set[ServiceId] = set()
+        for k in keys:
+            owner = self.key_owner.get(k)
+            if owner is not None and owner not in dirty:
+                out.add(owner)
+            out.update(s for s in self.lost_by.get(k, ()) if s not in dirty)
+        return out
+
+    def settle(self, dirty: Collection[ServiceId],
+               compute: Callable[[set[ServiceId]], Desired]) -> tuple[Desired, set[ServiceId]]:
+        """`compute` (compute_desired over the named services) of `dirty` and of every service
+        whose claims meet theirs (`rivals`, followed until none is left), and those services:
+        the part and the dirty set an incremental sync goes on with."""
+        ids = set(dirty)
+        while True:
+            part = compute(ids)
+            more = self.rivals(part, ids)
+            if not more:
+                return part, ids
+            ids |= more
+
+    def scope(self, part: Desired, dirty: Collection[ServiceId]) -> set[ServiceKey] | None:
+        """The virtual servers a change to `dirty` touches (old and new), or None when one of
+        them is held by a service outside `dirty` (`rivals` was not followed: a full sync)."""
+        keys: set[ServiceKey] = set()
+        for sid in dirty:
+            old = self.index.get(sid)
+            if old is not None:
                 keys.update(old.keys)
         for sid, ix in part.index.items():
             for k in ix.keys:

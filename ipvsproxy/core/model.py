@@ -22,6 +22,7 @@ from socket import AF_INET, AF_INET6, inet_ntop, inet_pton
 from sys import intern as _intern
 from typing import Any, NamedTuple, TypeVar
 
+from ipvsproxy.core.tables import KERNEL_SCHEDULERS
 from ipvsproxy.core.validate import (
     is_dns1035_label,
     is_dns_label,
@@ -46,6 +47,12 @@ ANN_SCHED_FLAGS = "ipvsproxy.io/scheduler-flags"
 ANN_WEIGHT = "ipvsproxy.io/weight"
 ANN_TRIGGER_TIME = "endpoints.kubernetes.io/last-change-trigger-time"
 TAINT_TO_BE_DELETED = "ToBeDeletedByClusterAutoscaler"
+# What one problem may quote (characters): a reason, and a name (the API server caps names at
+# 253, a file does not)
+REASON_MAX = 300
+NAME_MAX = 253
+# Problems one object may report; the rest are counted in one more line (bounded())
+PROBLEMS_PER_OBJECT = 10
 
 
 class Proto(StrEnum):
@@ -62,6 +69,14 @@ class Problem:
     namespace: str
     name: str
     reason: str
+
+    def __post_init__(self) -> None:
+        # Bounded: a reason quotes what the object said, and an object may say megabytes (a
+        # 250 KB annotation). Each problem is a log line on every node.
+        if len(self.reason) > REASON_MAX:
+            object.__setattr__(self, "reason", self.reason[:REASON_MAX] + "... (cut)")
+        if len(self.name) > NAME_MAX:
+            object.__setattr__(self, "name", self.name[:NAME_MAX] + "...")
 
     def __str__(self) -> str:
         # escaped: names come from files too, and a newline would forge a log line
@@ -98,6 +113,9 @@ class Service:
     # as the API server writes it, so text order is time order; "" (no timestamp) is youngest.
     created: str = ""
     uid: str = ""
+    # externalIPs programmed without binding them to kube-ipvs0: node addresses the operator
+    # allows (--external-ip-cidrs); set by core/desired.py screen(), never by the parser
+    unbound_ips: tuple[IPAddress, ...] = ()
     # (namespace, name): the one tuple the store's dicts, the desired state's index and the
     # daemon's applied state all key this service by (three equal tuples per service were
     # 5.6 MB at 50,000 services). Not compared, not given: it follows from the two fields.
@@ -155,6 +173,8 @@ class Node:
     addresses: tuple[IPAddress, ...] = ()
     deleting: bool = False
     labels: Mapping[str, str] = field(default_factory=dict)
+    # spec.podCIDRs: this node's pods' addresses, which no tenant's Service address may claim
+    pod_cidrs: tuple[IPNetwork, ...] = ()
 
 
 # ------------------------------------------------------------------------------ helpers
@@ -199,6 +219,11 @@ def _ip(v: Any) -> IPAddress | None:
     a = _IPS.get(v)
     if a is not None:
         return a
+    if "%" in v:
+        # An IPv6 zone ("fe80::1%eth0"): ip_address takes it, the API server does not
+        # (netutils.ParseIPSloppy, Go's net.ParseIP), and its text, newlines included, would
+        # reach iptables-restore and ipset restore as written.
+        return None
     try:
         a = _parse_ip(v)
     except ValueError:
@@ -238,7 +263,7 @@ def sloppy_ip(text: Any) -> IPAddress | None:
     """The address kube-proxy reads from `text` (netutils.ParseIPSloppy, Go 1.16's net.ParseIP):
     each IPv4 part decimal even with leading zeros, and an IPv4-mapped IPv6 address the IPv4
     address (net.IP.To4). Only for endpoints that ipvsproxy refuses but kube-proxy counts."""
-    if not isinstance(text, str):
+    if not isinstance(text, str) or "%" in text:  # Go's net.ParseIP takes no IPv6 zone
         return None
     parts = text.split(".")
     if len(parts) == 4 and all(p.isascii() and p.isdigit() for p in parts):
@@ -267,6 +292,29 @@ def _parse_ip(text: str) -> IPAddress:
     return ip_address(text)
 
 
+def cidr(text: Any, strict: bool = False) -> IPNetwork | None:
+    """A CIDR as the API server reads one (netutils.ParseCIDRSloppy), or None: surrounding
+    blanks are not part of it, and an IPv6 zone ("fe80::%eth0/64"), which ip_network takes,
+    is refused."""
+    if not isinstance(text, str) or "%" in text:
+        return None
+    try:
+        return ip_network(text.strip(), strict=strict)
+    except ValueError:
+        return None
+
+
+def bounded(problems: list[Problem]) -> list[Problem]:
+    """At most PROBLEMS_PER_OBJECT of one object's problems, and one line counting the rest: a
+    Service with 10,000 bad ports is one warning on every node, not 10,000."""
+    if len(problems) <= PROBLEMS_PER_OBJECT:
+        return problems
+    first = problems[:PROBLEMS_PER_OBJECT]
+    p = first[0]
+    return [*first, Problem(p.kind, p.namespace, p.name,
+                            f"and {len(problems) - PROBLEMS_PER_OBJECT} more problems")]
+
+
 def _timestamp(v: Any) -> str:
     """RFC 3339 in UTC as the API server writes it; YAML written without quotes loads a
     datetime, which is written back the same way."""
@@ -291,26 +339,29 @@ def _list(v: Any) -> list[Any]:
 
 SCHED_FLAG_BITS = {"sh-fallback": 0x8, "mh-fallback": 0x8, "flag-1": 0x8, "sh-port": 0x10,
                    "mh-port": 0x10, "flag-2": 0x10, "flag-3": 0x20}
-SCHEDULER_NAME_MAX = 15  # IP_VS_SCHEDNAME_MAXLEN - 1: longer names fail netlink validation
-
-
 def _annotations(ann: Mapping[str, str]) -> tuple[str, int, list[str]]:
     problems: list[str] = []
-    sched = ann.get(ANN_SCHEDULER, "").strip()
-    if sched and (len(sched) > SCHEDULER_NAME_MAX or not sched.replace("_", "").isalnum()
-                  or not sched.isascii()):
-        problems.append(f"annotation {ANN_SCHEDULER}={sched!r} is not a scheduler name; "
-                        "using the default")
+    raw_sched = ann.get(ANN_SCHEDULER, "")
+    sched = raw_sched.strip().lower()
+    if sched and sched not in KERNEL_SCHEDULERS:
+        problems.append(f"annotation {ANN_SCHEDULER}={raw_sched[:40]!r} is not an IPVS "
+                        f"scheduler ({', '.join(sorted(KERNEL_SCHEDULERS))}); using the default")
         sched = ""
     flags = 0
+    unknown: list[str] = []
     raw = ann.get(ANN_SCHED_FLAGS, "")
     for word in filter(None, (w.strip() for w in raw.split(","))):
         bit = SCHED_FLAG_BITS.get(word)
         if bit is None:
-            problems.append(f"annotation {ANN_SCHED_FLAGS}: unknown flag {word!r} ignored")
+            unknown.append(word)
         else:
             flags |= bit
-    return sched.lower(), flags, problems
+    if unknown:
+        # one problem for the field, however many words: a 250 KB annotation was 43,519 lines
+        shown = ", ".join(repr(w[:20]) for w in unknown[:3])
+        more = f" and {len(unknown) - 3} more" if len(unknown) > 3 else ""
+        problems.append(f"annotation {ANN_SCHED_FLAGS}: unknown flags {shown}{more} ignored")
+    return sched, flags, problems
 
 
 # ------------------------------------------------------------------------------ parsers
@@ -354,7 +405,7 @@ def parse_service(obj: Mapping[str, Any]) -> tuple[Service | None, list[Problem]
         elif a.version not in {x.version for x in cluster_ips}:
             cluster_ips.append(a)
     if not cluster_ips:
-        return None, problems or [bad("no valid clusterIP")]
+        return None, bounded(problems) or [bad("no valid clusterIP")]
     ports: list[ServicePort] = []
     seen: set[tuple[str, Proto]] = set()
     for i, p in enumerate(_list(spec.get("ports"))):
@@ -382,7 +433,9 @@ def parse_service(obj: Mapping[str, Any]) -> tuple[Service | None, list[Problem]
         if stype == "ClusterIP":
             node_port = 0
         ports.append(shared(ServicePort(pname, Proto(proto_raw), port, node_port)))
-    ext: list[IPAddress] = []
+    # dicts, not lists, keep the first of repeats: a membership test per item in a list was
+    # quadratic (8,000 source ranges took 3.6 s per parse, inside every watch event)
+    ext: dict[IPAddress, None] = {}
     for raw in _list(spec.get("externalIPs")):
         a = _ip(raw)
         why = "not a valid IP address" if a is None else _special(a)
@@ -390,10 +443,10 @@ def parse_service(obj: Mapping[str, Any]) -> tuple[Service | None, list[Problem]
             if (text := f"externalIP {raw!r} is {why}; ignored") not in said:
                 said.add(text)
                 problems.append(bad(text))
-        elif a is not None and a not in ext:
-            ext.append(a)
-    lb: list[IPAddress] = []
-    ranges: list[IPNetwork] = []
+        elif a is not None:
+            ext[a] = None
+    lb: dict[IPAddress, None] = {}
+    ranges: dict[IPNetwork, None] = {}
     hc = 0
     if stype == "LoadBalancer":
         status = obj.get("status")
@@ -411,21 +464,19 @@ def parse_service(obj: Mapping[str, Any]) -> tuple[Service | None, list[Problem]
                             "ignored") not in said:
                     said.add(text)
                     problems.append(bad(text))
-            elif a is not None and a not in lb:
-                lb.append(a)
+            elif a is not None:
+                lb[a] = None
         for raw in _list(spec.get("loadBalancerSourceRanges")):
-            try:
-                net = ip_network(raw.strip(), strict=False) if isinstance(raw, str) else None
-            except ValueError:
-                net = None
+            net = cidr(raw)
             if net is None:
                 problems.append(bad(f"loadBalancerSourceRange {raw!r} is not a CIDR; ignored"))
-            elif net not in ranges:
-                ranges.append(net)
+            else:
+                ranges[net] = None
         # serviceport.go: a zero-masked range of a family means "allow any", as no range of that
         # family does (and ipset's hash:net sets cannot hold a /0)
         open_to = {n.version for n in ranges if n.prefixlen == 0}
-        ranges = [n for n in ranges if n.version not in open_to]
+        if open_to:
+            ranges = {n: None for n in ranges if n.version not in open_to}
         hc = _port(spec.get("healthCheckNodePort")) or 0
     ext_local = spec.get("externalTrafficPolicy") == "Local"
     int_local = spec.get("internalTrafficPolicy") == "Local"
@@ -442,6 +493,7 @@ def parse_service(obj: Mapping[str, Any]) -> tuple[Service | None, list[Problem]
     sched, flags, ann_problems = _annotations(_str_map(meta.get("annotations")))
     problems.extend(bad(p) for p in ann_problems)
     uid = meta.get("uid")
+    problems = bounded(problems)
     # the type's text is one of three: one string each (interned), not one per Service
     svc = Service(ns, name, _intern(stype), tuple(cluster_ips), shared(tuple(ports)),
                   tuple(ext), tuple(lb), tuple(ranges), ext_local, int_local, timeout,
@@ -467,7 +519,11 @@ def parse_node(obj: Mapping[str, Any]) -> tuple[Node | None, list[Problem]]:
                 if ip is not None and ip not in addrs:
                     addrs.append(ip)
     spec = obj.get("spec")
-    taints = _list(spec.get("taints")) if isinstance(spec, _MAP) else []
+    if not isinstance(spec, _MAP):
+        spec = {}
+    taints = _list(spec.get("taints"))
     deleting = bool(meta.get("deletionTimestamp")) or any(
         isinstance(t, _MAP) and t.get("key") == TAINT_TO_BE_DELETED for t in taints)
-    return Node(name, labels.get(LABEL_ZONE, ""), tuple(addrs), deleting, labels), []
+    pod_cidrs = tuple(dict.fromkeys(n for n in map(cidr, _list(spec.get("podCIDRs"))
+                                                   or [spec.get("podCIDR")]) if n is not None))
+    return Node(name, labels.get(LABEL_ZONE, ""), tuple(addrs), deleting, labels, pod_cidrs), []

@@ -163,6 +163,15 @@ def step_kind(step: Step) -> str:
             Iptables: "iptables_restore", SetTimeouts: "ipvs_set_timeouts"}[type(step)]
 
 
+def one_service(kind: str) -> bool:
+    """Whether a failed operation of this kind (step_kind) concerns one service's own objects (a
+    virtual or real server, a bound address) rather than what every service shares (the sets,
+    the rules, the link, sysctls). The kernel can refuse one tenant's object (kube-proxy logs
+    such a failure and goes on); that must not fail the node's sync, its health or its
+    incremental mode (README, "Security")."""
+    return kind.startswith(("ipvs_add_", "ipvs_edit_", "ipvs_del_", "address_"))
+
+
 def step_counts(steps: Sequence[Step]) -> dict[str, int]:
     """Operations per kind: each set member and address counts as one."""
     out: dict[str, int] = {}

@@ -32,6 +32,7 @@ from ipvsproxy.core.model import (
     _list,
     _meta,
     _port,
+    bounded,
     shared,
     sloppy_ip,
 )
@@ -198,6 +199,8 @@ def parse_endpoint_slice(obj: Mapping[str, Any], prev: EndpointSlice | None = No
                                 "integer in 0..65535; using 1"))
     trigger = ann.get(ANN_TRIGGER_TIME)
     trigger = trigger if isinstance(trigger, str) else ""
+    if problems:
+        problems = bounded(problems)  # a slice from a file may hold a million bad endpoints
     port_t = shared(tuple(ports))  # most slices of a cluster list the same few ports
     refused_t = tuple(refused) if refused else ()
     if prev is not None:

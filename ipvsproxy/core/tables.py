@@ -41,6 +41,14 @@ EXT_NO_LOCAL = "IPVSPROXY-EXT-NO-LOCAL"
 FIRST_SERVICES = (("default", "kubernetes"), ("kube-system", "kube-dns"))
 
 
+# Every scheduler the kernel's IPVS has (net/netfilter/ipvs/ip_vs_*.c, Linux 6.12: twos since
+# 6.10, mh since 4.18). Any other name passes no kernel's check: the kernel answers ENOENT after
+# trying request_module("ip_vs_<name>") on every node, at every sync (ip_vs_sched_getbyname).
+# Whether this node's kernel has a known one is the shell's to say (HostFacts.schedulers).
+KERNEL_SCHEDULERS = frozenset({"rr", "wrr", "lc", "wlc", "lblc", "lblcr", "dh", "sh", "sed",
+                               "nq", "fo", "ovf", "mh", "twos"})
+
+
 @dataclass(frozen=True, slots=True)
 class IPSetDef:
     name: str

@@ -33,7 +33,7 @@ from ipvsproxy.core.gcpause import paused
 from ipvsproxy.core.incremental import Applied
 from ipvsproxy.core.ipvs import DestKey, ObservedService, RealServer, ServiceKey
 from ipvsproxy.core.ipvs import Protocol as IpProto
-from ipvsproxy.core.plan import Ipvs, Observed, Plan, diff, step_counts
+from ipvsproxy.core.plan import Ipvs, Observed, Plan, diff, one_service, step_counts
 from ipvsproxy.daemon.store import Changes, Store
 
 log = structlog.get_logger("ipvsproxy.sync")
@@ -186,7 +186,10 @@ class Reconciler:
         result.seconds = self.clock() - t0
         self.last = result
         self.syncs += 1
-        ok = not result.failures
+        # A refused operation on one service's own objects is logged and counted, and the next
+        # full sync tries it again, as kube-proxy does; only a failure of what all services
+        # share (sets, rules, link, sysctls) fails the sync: health, backoff, a full re-read.
+        ok = all(one_service(f.kind) for f in result.failures)
         self.failures_in_a_row = 0 if ok else self.failures_in_a_row + 1
         if not ok:
             self.applied = None  # the kernel is not what was planned: re-read it next time
@@ -225,8 +228,11 @@ class Reconciler:
 
     def _incremental(self, changes: Changes) -> SyncResult | None:
         assert self.applied is not None and self.host is not None
-        dirty = changes.dirty
-        part = compute_desired(self.store.snapshot(dirty), self.host, self.cfg)
+        host, cfg, store = self.host, self.cfg, self.store
+        # with the services whose claims meet these: who wins a contested address is settled
+        # here as a full sync would settle it
+        part, dirty = self.applied.settle(
+            changes.dirty, lambda ids: compute_desired(store.snapshot(ids), host, cfg))
         scope = self.applied.scope(part, dirty)
         if scope is None:
             return None

@@ -100,22 +100,27 @@ class Store:
         objects go in now. Only a page's raw objects are alive at a time: holding a whole
         list's (100,000 endpoints) until its end was the daemon's peak memory, and Python keeps
         its peak (the freed objects' memory stays fragmented among the ones kept)."""
+        # parsed before the lock is taken: the reconciler never waits for a page's parsing
+        parsed = [self._parse(kind, obj) for obj in items] \
+            if kind in ("Service", "EndpointSlice") else []
+        node = next((i for i in items if _name(i) == self.node_name), None) \
+            if kind == "Node" else None
+        node_value = parse_node(node) if node is not None else None
         with self._cond:
             seen = self._listing[kind] = set() if first else self._listing.get(kind, set())
             if kind == "Node":
-                mine = [i for i in items if _name(i) == self.node_name]
-                if mine:
+                if node is not None and node_value is not None:
                     seen.add(("", self.node_name))
-                    self._set_node(mine[0])
+                    self._set_node(node, node_value)
                 return
             if kind == SERVICE_CIDR:
                 for obj in items:
                     seen.add(_key(obj))
                     self._set_cidrs(_key(obj)[1], obj)
                 return
-            for obj in items:
-                seen.add(_key(obj))
-                self._upsert(kind, obj)
+            for p in parsed:
+                seen.add(p[0])
+                self._upsert(kind, *p)
 
     def list_done(self, kind: str) -> None:
         """The list of `kind` is complete: what is held and was not listed is gone."""
@@ -135,16 +140,23 @@ class Store:
             self._cond.notify_all()
 
     def event(self, kind: str, type_: str, obj: dict[str, Any]) -> None:
+        # Parsing happens before the lock is taken: a hostile object (8,000 source ranges) or a
+        # big slice costs the reflector's thread its time, never the reconciler, which takes
+        # the same lock for every snapshot.
+        parsed = self._parse(kind, obj) if type_ != "DELETED" and kind in (
+            "Service", "EndpointSlice") else None
+        mine = kind == "Node" and _name(obj) == self.node_name
+        node = parse_node(obj) if mine and type_ != "DELETED" else None
         with self._cond:
             if kind == "Node":
-                if _name(obj) == self.node_name:
-                    self._set_node(None if type_ == "DELETED" else obj)
+                if mine:
+                    self._set_node(None if type_ == "DELETED" else obj, node)
             elif kind == SERVICE_CIDR:
                 self._set_cidrs(_key(obj)[1], None if type_ == "DELETED" else obj)
-            elif type_ == "DELETED":
+            elif parsed is None:
                 self._delete(kind, _key(obj))
             else:
-                self._upsert(kind, obj)
+                self._upsert(kind, *parsed)
             self._cond.notify_all()
 
     # -------------------------------------------------------------------- the reconciler's
@@ -254,10 +266,21 @@ class Store:
         else:
             self.problems.pop(pkey, None)
 
-    def _upsert(self, kind: str, obj: Mapping[str, Any]) -> None:
+    def _parse(self, kind: str, obj: Mapping[str, Any]
+               ) -> tuple[tuple[str, str], Service | EndpointSlice | None, list[Problem]]:
+        """(key, value or None, problems) of a Service or EndpointSlice, without the lock. A
+        slice is parsed against the value held for it, read without the lock: that only decides
+        which parts are shared with it (parse_endpoint_slice), never the value."""
         key = _key(obj)
         if kind == "Service":
-            svc, probs = parse_service(obj)
+            return (key, *parse_service(obj))
+        return (key, *parse_endpoint_slice(obj, self.slices.get(key)))
+
+    def _upsert(self, kind: str, key: tuple[str, str], value: Service | EndpointSlice | None,
+                probs: list[Problem]) -> None:
+        if kind == "Service":
+            svc = value
+            assert svc is None or isinstance(svc, Service)
             self._report(kind, key, probs)
             if svc is None:
                 self._delete(kind, key, keep_problems=True)
@@ -273,9 +296,10 @@ class Store:
                 self._service_changed(key)
         elif kind == "EndpointSlice":
             old = self.slices.get(key)
-            # Given the value held, the parse shares its unchanged parts and returns it as is
+            # Given the value held, the parse shared its unchanged parts and returned it as is
             # when nothing the proxy reads changed: no new objects, and no deep compare here.
-            sl, probs = parse_endpoint_slice(obj, old)
+            sl = value
+            assert sl is None or isinstance(sl, EndpointSlice)
             self._report(kind, key, probs)
             if sl is None:
                 self._delete(kind, key, keep_problems=True)
@@ -331,12 +355,14 @@ class Store:
         self._pending.endpoints.add(sid)
         self._queued()
 
-    def _set_node(self, obj: Mapping[str, Any] | None) -> None:
+    def _set_node(self, obj: Mapping[str, Any] | None,
+                  parsed: tuple[Node | None, list[Problem]] | None = None) -> None:
+        """The own Node as the API gave it (None: gone), and what parse_node made of it."""
         if self._on_node is not None:
             self._on_node(obj)
         node = None
         if obj is not None:
-            node, probs = parse_node(obj)
+            node, probs = parsed if parsed is not None else parse_node(obj)
             self._report("Node", ("", self.node_name), probs)
         if node != self.node:
             # zone and addresses feed every service (topology, NodePort addresses)

@@ -4,6 +4,7 @@ sysctls: read and written under /proc/sys."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import re
 from collections.abc import Iterable
@@ -17,6 +18,32 @@ from ipvsproxy.core.desired import HostFacts
 PROC_SYS = Path("/proc/sys")
 
 
+MODULES = Path("/lib/modules")
+PROC_MODULES = Path("/proc/modules")
+_SCHEDULER = re.compile(r"(?:^|/)ip_vs_([a-z0-9]+)\.ko", re.MULTILINE)
+
+
+@functools.cache
+def ipvs_schedulers(release: str | None = None) -> frozenset[str] | None:
+    """The IPVS schedulers this kernel has: built in (modules.builtin), as a module
+    (modules.dep) or loaded (/proc/modules), by name; ip_vs_ftp and the like are in it and never
+    asked for. None when the kernel's module index cannot be read (a container without the
+    node's /lib/modules, which the DaemonSet mounts): then nothing is ruled out here. Read once:
+    a kernel's modules change with the kernel, which needs a reboot."""
+    base = MODULES / (release or os.uname().release)
+    found: set[str] = set()
+    read = False
+    for name in ("modules.dep", "modules.builtin"):
+        with contextlib.suppress(OSError):
+            found.update(_SCHEDULER.findall((base / name).read_text(errors="replace")))
+            read = True
+    with contextlib.suppress(OSError):
+        found.update(line.split(" ", 1)[0][len("ip_vs_"):]
+                     for line in PROC_MODULES.read_text().splitlines()
+                     if line.startswith("ip_vs_"))
+    return frozenset(found) if read else None
+
+
 def host_facts() -> HostFacts:
     with IPRoute() as ipr:
         names = {link["index"]: link.get_attr("IFLA_IFNAME") for link in ipr.get_links()}
@@ -27,7 +54,7 @@ def host_facts() -> HostFacts:
                 addrs.append((names.get(msg["index"], ""), ip_address(a)))
     m = re.match(r"(\d+)\.(\d+)", os.uname().release)
     kernel = (int(m.group(1)), int(m.group(2))) if m else (0, 0)
-    return HostFacts(tuple(addrs), kernel)
+    return HostFacts(tuple(addrs), kernel, ipvs_schedulers())
 
 
 def read_sysctls(keys: Iterable[str]) -> dict[str, str]:

@@ -158,8 +158,9 @@ def test_external_and_lb_addresses_that_are_node_addresses_are_refused(kind: str
     assert addrs(d) == {"10.96.0.40", "198.51.100.7"}
     assert members(d, T.IPVS_IPS) == addrs(d)
     what = "externalIP" if kind == "externalIPs" else "loadBalancer ingress IP"
+    hint = ", which only --external-ip-cidrs can allow" if kind == "externalIPs" else ""
     assert problems(d) == [f"Service default/x: {what} 192.168.1.10 is an address of this node "
-                           "(eth0); ignored"]
+                           f"(eth0){hint}; ignored"]
 
 
 @pytest.mark.parametrize("policy,masq_set,accept_set", [
@@ -240,7 +241,8 @@ def test_invalid_scheduler_annotation_is_a_problem_and_the_default_is_used() -> 
     d = desired(service("web", "10.96.0.10", annotations={"ipvsproxy.io/scheduler": "no such"}))
     assert [a[0] for a in vs_attrs(d).values()] == ["rr"]
     assert problems(d) == ["Service default/web: annotation ipvsproxy.io/scheduler='no such' "
-                           "is not a scheduler name; using the default"]
+                           "is not an IPVS scheduler (dh, fo, lblc, lblcr, lc, mh, nq, ovf, rr, "
+                           "sed, sh, twos, wlc, wrr); using the default"]
 
 
 @pytest.mark.parametrize("raw,weight,problem", [

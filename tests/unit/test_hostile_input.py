@@ -11,11 +11,13 @@ change to a valid service's virtual servers would be a leak, not a legitimate co
 
 from __future__ import annotations
 
+from ipaddress import ip_network
 from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from ipvsproxy.config import Config
 from ipvsproxy.core.cluster import build_snapshot
 from ipvsproxy.core.desired import Desired, compute_desired
 from tests.unit.kube_objects import CFG46, HOST, NODE, ep, node, port, service, slice_
@@ -161,8 +163,8 @@ def valid_cluster() -> list[dict[str, Any]]:
     ]
 
 
-def desired(docs: list[dict[str, Any]]) -> Desired:
-    return compute_desired(build_snapshot(docs, NODE), HOST, CFG46)
+def desired(docs: list[dict[str, Any]], cfg: Config = CFG46) -> Desired:
+    return compute_desired(build_snapshot(docs, NODE), HOST, cfg)
 
 
 BASE = desired(valid_cluster())
@@ -221,43 +223,59 @@ stamps = st.one_of(st.none(), st.sampled_from(
        st.randoms(use_true_random=False))
 def test_no_tenant_takes_another_tenants_cluster_ip(namespaces: list[str], data: st.DataObject,
                                                      rnd: Any) -> None:
-    """Victims in some namespaces, attackers in others claiming the victims' ClusterIP:port
-    (as externalIP, LoadBalancer ingress IP, ipMode VIP or not, with any protocol and port),
-    any names, any creation times, in any order: every victim keeps its ClusterIP and its
-    endpoints, and every refused claim is reported on the attacker."""
-    victims: list[tuple[str, str, int, str]] = []  # (ns, ip, port, proto)
+    """Victims in some namespaces, attackers in others claiming what the victims hold: a
+    victim's ClusterIP:port (as externalIP, or LoadBalancer ingress IP, ipMode VIP or not), a
+    victim LoadBalancer's status IP:port (as externalIP: status outranks spec, issue 32), and
+    the victims' pod IPs (inside the pod network, never claimable); any protocol and port, any
+    names, any creation times, in any order. Every victim keeps its ClusterIP and LoadBalancer
+    IP and its endpoints, no pod IP becomes a virtual server, and every refused claim is
+    reported on the attacker."""
+    victims: list[tuple[str, str, int, str]] = []  # (ns, ip, port, proto): what a victim holds
     docs: list[dict[str, Any]] = [node()]
     for i, ns in enumerate(namespaces[: len(namespaces) // 2 or 1]):
         ip, p, proto = f"10.96.7.{i + 1}", data.draw(st.integers(1, 65535)), \
             data.draw(st.sampled_from(["TCP", "UDP", "SCTP"]))
-        svc = service("victim", ip, port(p, "v", proto), ns=ns)
+        lb = data.draw(st.booleans())
+        svc = service("victim", ip, port(p, "v", proto), ns=ns,
+                      type_="LoadBalancer" if lb else "ClusterIP",
+                      ingress=[f"198.51.100.{i + 1}"] if lb else None)
         if (t := data.draw(stamps)) is not None:
             svc["metadata"]["creationTimestamp"] = t
         docs += [svc, slice_("victim", ep(f"10.244.7.{i + 1}", NODE), port=p, port_name="v",
                              proto=proto, ns=ns)]
         victims.append((ns, ip, p, proto))
+        if lb:
+            victims.append((ns, f"198.51.100.{i + 1}", p, proto))
     attackers = namespaces[len(namespaces) // 2 or 1:] or ["zz"]
+    pods = [f"10.244.7.{i + 1}" for i in range(len(namespaces))]
     for j, ns in enumerate(attackers):
         targets = data.draw(st.lists(st.sampled_from(victims), min_size=1, max_size=3))
         ports = [port(p, f"a{k}", proto) for k, (_, _, p, proto) in enumerate(targets)]
         ports = list({(q["port"], q["protocol"]): q for q in ports}.values())
         how = data.draw(st.sampled_from(["externalIPs", "ingress", "both"]))
         ips = [t[1] for t in targets]
+        # a LoadBalancer IP is another controller's to give: an attacker can only write it
+        # into spec.externalIPs, and ClusterIPs into either
+        ingress = [ip for ip in ips if ip.startswith("10.96.")]
+        grab = data.draw(st.lists(st.sampled_from(pods), max_size=2))
         svc = service(data.draw(st.sampled_from(["a", "victim", "aaa"])), f"10.96.8.{j + 1}",
                       *ports, ns=ns, type_="LoadBalancer",
-                      externalIPs=ips if how != "ingress" else [],
+                      externalIPs=ips + grab if how != "ingress" else grab,
                       ingress=[{"ip": ip, "ipMode": data.draw(st.sampled_from(["VIP", None]))}
-                               for ip in ips] if how != "externalIPs" else None)
+                               for ip in ingress + grab] if how != "externalIPs" else None)
         if (t := data.draw(stamps)) is not None:
             svc["metadata"]["creationTimestamp"] = t
         docs += [svc, slice_(svc["metadata"]["name"], ep(f"10.244.8.{j + 1}", NODE),
                              ports=[{"name": q["name"], "port": q["port"],
                                      "protocol": q["protocol"]} for q in ports], ns=ns)]
     rnd.shuffle(docs)
-    d = desired(docs)
-    for i, (ns, ip, p, proto) in enumerate(victims):
+    d = desired(docs, cfg=Config(hostname=NODE, families=(4, 6),
+                                 cluster_cidrs=(ip_network("10.244.0.0/16"),)))
+    for ns, ip, p, proto in victims:
         key = next(k for k in d.services if str(k) == f"{proto} {ip}:{p}")
         assert d.owners[key] == f"{ns}/victim:v"
+        i = int(ip.rsplit(".", 1)[1]) - 1
         assert [str(rs.key) for rs in d.dests[key]] == [f"10.244.7.{i + 1}:{p}"]
+    assert not [k for k in d.services if str(k.addr).startswith("10.244.")]
     for prob in d.problems:
         assert prob.namespace in attackers, prob

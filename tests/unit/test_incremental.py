@@ -54,10 +54,22 @@ def svc_doc(draw: st.DrawFn, i: int) -> list[dict[str, Any]]:
         extra["loadBalancerSourceRanges"] = ["203.0.113.0/24"]
     if kind != "ClusterIP" and draw(st.booleans()):
         extra["externalTrafficPolicy"] = "Local"
-    ports = [port(80 + i, "p", proto, node_port=30000 + i if kind != "ClusterIP" else 0)]
+    # Claims that collide (issue 32, item 7): a port of a few, externalIPs and ingress IPs
+    # from a small pool holding the other services' ClusterIPs and LoadBalancer IPs, and
+    # creation times that decide ties
+    p = draw(st.sampled_from([80 + i, 80, 443]))
+    ports = [port(p, "p", proto, node_port=30000 + i if kind != "ClusterIP" else 0)]
+    pool = [f"10.96.0.{10 + j}" for j in range(3)] + ["198.51.100.1", "198.51.100.11",
+                                                      "203.0.113.9"]
+    if draw(st.booleans()):
+        extra["externalIPs"] = draw(st.lists(st.sampled_from(pool), max_size=2, unique=True))
+    ingress = [f"198.51.100.{1 if shared_lb else 10 + i}"]
+    if draw(st.booleans()):
+        ingress = draw(st.lists(st.sampled_from(pool), min_size=1, max_size=2, unique=True))
     svc = service(name, f"10.96.0.{10 + i}", *ports, type_=kind,
-                  ingress=[f"198.51.100.{1 if shared_lb else 10 + i}"]
-                  if kind == "LoadBalancer" else None, **extra)
+                  ingress=ingress if kind == "LoadBalancer" else None, **extra)
+    if (t := draw(st.sampled_from([None, "2024-01-01T00:00:00Z", "2025-01-01T00:00:00Z"]))):
+        svc["metadata"]["creationTimestamp"] = t
     pods = draw(st.lists(st.integers(1, 6), max_size=4, unique=True))
     # pods are shared between services: KUBE-LOOP-BACK members are shared too
     eps = [ep(f"10.244.1.{p}", NODES[p % 2]) for p in pods]
@@ -90,9 +102,10 @@ def test_incremental_plan_equals_full_diff(data: st.DataObject) -> None:
     dirty = {("default", f"s{i}") for i in changed}
 
     applied = Applied.from_full(full_old)
-    part = compute_desired(mini(snap_new, dirty), HOST, CFG)
+    part, dirty = applied.settle(dirty, lambda ids: compute_desired(mini(snap_new, ids), HOST,
+                                                                    CFG))
     scope = applied.scope(part, dirty)
-    assert scope is not None  # no service here claims another's virtual server
+    assert scope is not None  # settle() took in every service whose claims meet these
     kernel_all = as_observed(full_old, conns)
     kernel = {k: kernel_all.services[k] for k in scope if k in kernel_all.services}
     inc = applied.plan(part, dirty, kernel, CFG)
@@ -123,19 +136,35 @@ def test_a_one_endpoint_change_touches_one_virtual_server() -> None:
     assert plan.lines() == ["ipvsadm -a -t 10.96.1.42:80 -r 10.244.3.1:8080 -m -w 1"]
 
 
-def test_a_conflict_falls_back_to_a_full_sync() -> None:
+def test_a_collision_is_settled_by_the_services_in_it_not_a_full_sync() -> None:
+    """Issue 32, item 7: b's externalIP is a's ClusterIP (a wins); a change to a recomputes a
+    and b, and a new c claiming b's ClusterIP recomputes the three, never the 50 others; the
+    plan is the full diff's."""
     a = [service("a", "10.96.0.1", port(80))]
     b = [service("b", "10.96.0.2", port(80), externalIPs=["10.96.0.1"])]
-    snap = build_snapshot(docs_of([a, b]), NODE)
+    others = [[service(f"o{i}", f"10.96.3.{i}", port(80))] for i in range(50)]
+    snap = build_snapshot(docs_of([a, b, *others]), NODE)
     full = compute_desired(snap, HOST, CFG)
-    assert full.contested  # b's external IP is a's cluster IP: a wins
     applied = Applied.from_full(full)
-    part = compute_desired(mini(snap, {("default", "a")}), HOST, CFG)
-    assert applied.scope(part, {("default", "a")}) is None
+    assert applied.lost_by == {next(k for k in full.services if str(k) == "TCP 10.96.0.1:80"):
+                               {("default", "b")}}
+    a2 = [service("a", "10.96.0.1", port(81))]  # a lets go of port 80: b's externalIP wins it
     c = [service("c", "10.96.0.3", port(80), externalIPs=["10.96.0.2"])]
-    snap2 = build_snapshot(docs_of([a, b, c]), NODE)
-    part = compute_desired(mini(snap2, {("default", "c")}), HOST, CFG)
-    assert applied.scope(part, {("default", "c")}) is None
+    for change, dirty, together in (
+            ([a2, b, *others], {("default", "a")}, {("default", "a"), ("default", "b")}),
+            # c claims b's ClusterIP, and b claims a's: all three, none of the 50 others
+            ([a, b, c, *others], {("default", "c")},
+             {("default", "a"), ("default", "b"), ("default", "c")})):
+        snap2 = build_snapshot(docs_of(change), NODE)
+        part, ids = applied.settle(
+            dirty, lambda ids, snap2=snap2: compute_desired(mini(snap2, ids), HOST, CFG))
+        assert ids == together
+        scope = applied.scope(part, ids)
+        assert scope is not None
+        kernel = as_observed(full).services
+        inc = applied.plan(part, ids, {k: kernel[k] for k in scope if k in kernel}, CFG)
+        want = diff(compute_desired(snap2, HOST, CFG), as_observed(full))
+        assert sorted(inc.lines()) == sorted(want.lines())
 
 
 def test_draining_is_reported_and_force_delete_deletes() -> None:

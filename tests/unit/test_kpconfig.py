@@ -285,7 +285,8 @@ def test_every_flag_has_its_field_or_is_known_to_have_none() -> None:
     add_daemon_flags(p)
     flags = {a.dest for a in p._actions} - {"help"}
     no_field = {"ip_families", "ipvs_graceful_termination_period", "service_metrics",
-                "service_cluster_ip_range", "external_ip_cidrs"}
+                "service_cluster_ip_range", "external_ip_cidrs", "node_network_cidrs",
+                "max_objects_per_service"}
     assert flags - no_field == set(MAPPED.values()) - {"kubeconfig"}
     run_dests = {a.dest for a in run_parser()._actions}
     assert set(MAPPED.values()) <= run_dests  # run._config can setattr every one

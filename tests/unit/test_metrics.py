@@ -194,10 +194,14 @@ def test_a_drift_repair_and_a_failed_sync_are_counted() -> None:
     assert r.sync_once(store.take(), full=True)
     k.plans.clear()  # the Recorder reports an empty kernel again: as after `ipvsadm -C`
     assert r.sync_once(store.take(), full=True)
-    k.fail_next = 1
+    k.fail_next = 1  # one service's real server refused: counted, the sync is not failed
+    k.plans.clear()
+    assert r.sync_once(store.take(), full=True)
+    k.fail_next, k.fail_kind = 1, "iptables_restore"  # the shared rules: the sync failed
     k.plans.clear()
     assert not r.sync_once(store.take(), full=True)
     s = samples(m.render())
     assert s["ipvsproxy_drift_repaired_total"] > 0
     assert s['ipvsproxy_syncs_total{mode="full",result="failed"}'] == 1
     assert s['ipvsproxy_operations_total{kind="ipvs_add_dest",result="failed"}'] == 1
+    assert s['ipvsproxy_operations_total{kind="iptables_restore",result="failed"}'] == 1

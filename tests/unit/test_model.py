@@ -88,7 +88,7 @@ def test_scheduler_annotations() -> None:
                                                      "sh-fallback, sh-port, bogus"}))
     assert s is not None and (s.scheduler, s.sched_flags) == ("sh", 0x18)
     assert [p.reason for p in problems] == [
-        "annotation ipvsproxy.io/scheduler-flags: unknown flag 'bogus' ignored"]
+        "annotation ipvsproxy.io/scheduler-flags: unknown flags 'bogus' ignored"]
 
 
 def slice_(endpoints: list[Any], **ann: str) -> dict[str, Any]:

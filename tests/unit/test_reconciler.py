@@ -10,7 +10,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ipvsproxy.config import Config
-from ipvsproxy.core.desired import Desired, HostFacts
+from ipvsproxy.core.desired import Desired, HostFacts, compute_desired
 from ipvsproxy.core.ipvs import ObservedService, RealServer, ServiceKey
 from ipvsproxy.core.plan import Observed, Plan
 from ipvsproxy.daemon.reconciler import Reconciler
@@ -29,6 +29,9 @@ class Recorder:
         self.calls: list[str] = []
         self.plans: list[Plan] = []
         self.fail_next = 0
+        # a refused operation on one service's own objects; "iptables_restore" fails what every
+        # service shares
+        self.fail_kind = "ipvs_add_dest"
         self.state: Desired | None = None
         self.cleared: list[dict[ServiceKey, tuple[RealServer, ...]]] = []
 
@@ -52,7 +55,8 @@ class Recorder:
         self.plans.append(plan)
         if self.fail_next:
             self.fail_next -= 1
-            return [Failure("ipvsadm -a ...", "File exists", "ipvs_add_dest")]
+            return [Failure("ipvsadm -a ..." if self.fail_kind.startswith("ipvs")
+                            else "iptables-restore ...", "File exists", self.fail_kind)]
         return []
 
     def clear_udp(self, dests: Mapping[ServiceKey, tuple[RealServer, ...]],
@@ -85,17 +89,43 @@ def test_first_sync_is_full_then_changes_are_incremental() -> None:
     assert r.last.mode == "incremental" and r.last.operations == {"ipvs_add_dest": 1}
 
 
-def test_a_failed_operation_is_retried_by_a_full_sync() -> None:
+def test_a_failed_shared_operation_is_retried_by_a_full_sync() -> None:
     s, k = cluster(3), Recorder()
     r = Reconciler(CFG, s, kernel=k)
     r.sync_once(s.take(), full=True)
-    k.fail_next = 1
+    k.fail_next, k.fail_kind = 1, "iptables_restore"
     s.event("Service", "DELETED", service("s2", "10.96.0.2"))
     changes = s.take()
     assert not r.sync_once(changes, full=False)
     assert r.applied is None  # the kernel is not as planned: read it all again next time
     assert r.sync_once(s.take(), full=False)
     assert r.last is not None and r.last.mode == "full"
+
+
+def test_a_refused_operation_on_one_service_fails_neither_the_sync_nor_health() -> None:
+    """Issue 32, item 6: the kernel refusing one tenant's virtual server made every sync
+    failed and full, and /healthz and /livez 503 on every node after two sync periods. Now the
+    failure is logged and counted, the sync counts as done (kube-proxy's health says whether
+    syncs run), and the next change is still incremental."""
+    from ipvsproxy.daemon.health import Health
+
+    now = [1000.0]
+    s, k = cluster(3), Recorder()
+    health = Health((4,), sync_period=30.0, clock=lambda: now[0])
+    r = Reconciler(CFG, s, health=health, kernel=k)
+    assert r.sync_once(s.take(), full=True)
+    k.fail_next = 1  # ipvs_add_dest
+    s.event("EndpointSlice", "MODIFIED",
+            slice_("s1", ep("10.244.1.1", "node-b"), ep("10.244.9.9", "node-b")))
+    health.queued_update(4)
+    assert r.sync_once(s.take(), full=False)
+    assert r.applied is not None and r.failures_in_a_row == 0
+    now[0] += 3 * 30.0  # three sync periods later, nothing else queued: still healthy
+    assert health.healthz()[0] == 200 and health.livez()[0] == 200
+    s.event("EndpointSlice", "MODIFIED", slice_("s2", ep("10.244.1.2", "node-b"),
+                                                 ep("10.244.9.8", "node-b")))
+    assert r.sync_once(s.take(), full=False)
+    assert r.last is not None and r.last.mode == "incremental"
 
 
 def test_an_exception_in_a_sync_does_not_end_the_loop() -> None:
@@ -207,3 +237,21 @@ def test_names_are_not_rebuilt_when_no_owner_changed(tmp_path: Any) -> None:
     s.event("Service", "DELETED", service("s2", "10.96.0.2"))
     assert r.sync_once(s.take(), full=False)
     assert calls == [3, 2]
+
+
+def test_toggling_a_colliding_external_ip_is_incremental() -> None:
+    """Issue 32, item 7: a tenant toggling an externalIP that collides with another Service's
+    ClusterIP made every other sync full. Now each toggle recomputes and reads back only the
+    two services' virtual servers, and leaves the kernel as a full sync would."""
+    s, k = cluster(20), Recorder()
+    r = Reconciler(CFG, s, kernel=k)
+    assert r.sync_once(s.take(), full=True)
+    for i in range(4):
+        ext = ["10.96.0.3"] if i % 2 == 0 else []  # s3's ClusterIP
+        s.event("Service", "MODIFIED", service("s9", "10.96.0.9", externalIPs=ext))
+        k.calls.clear()
+        assert r.sync_once(s.take(), full=False)
+        assert r.last is not None and r.last.mode == "incremental"
+        assert k.calls[0] == "read 2"  # s9's and s3's ClusterIP virtual servers
+        full = compute_desired(s.snapshot(), HOST, CFG)
+        assert r.applied is not None and r.applied.owners == dict(full.owners)

@@ -17,7 +17,18 @@ import pytest
 from ipvsproxy.config import Config
 from ipvsproxy.core.desired import Desired
 from ipvsproxy.core.model import Problem
-from tests.unit.kube_objects import NODE, desired, ep, port, problems, service, slice_, vs
+from tests.unit.kube_objects import (
+    NODE,
+    desired,
+    ep,
+    members,
+    node,
+    port,
+    problems,
+    service,
+    slice_,
+    vs,
+)
 
 OLD, NEW = "2024-01-01T00:00:00Z", "2025-06-01T00:00:00Z"
 
@@ -118,7 +129,8 @@ def test_tenant_addresses_inside_the_service_range_or_the_nodes_are_refused() ->
                           "TCP 10.97.0.1:80", "TCP 198.51.100.8:80"}
     assert sorted(problems(d)) == [
         "Service t1/t: externalIP 10.96.5.5 is inside the service range 10.96.0.0/16; ignored",
-        "Service t1/t: externalIP 192.168.1.10 is an address of this node (eth0); ignored"]
+        "Service t1/t: externalIP 192.168.1.10 is an address of this node (eth0), which only "
+        "--external-ip-cidrs can allow; ignored"]
 
 
 def test_service_cidr_objects_count_as_service_ranges() -> None:
@@ -229,3 +241,110 @@ def test_ambiguous_ipv4_spellings_are_refused() -> None:
     got = problems(d)
     for text in ("::ffff:203.0.113.5", "010.244.1.5", "203.000.113.6"):
         assert any(text in p for p in got), (text, got)
+
+
+# ------------------------------------------------------------- issue 32: the second round
+
+
+@pytest.mark.parametrize("names", [("t1", "t2"), ("t2", "t1")])
+def test_a_load_balancer_ip_outranks_an_older_services_external_ip(names: tuple[str, str]
+                                                                   ) -> None:
+    """Item 1: a Service created in 2024 that adds `externalIPs: [203.0.113.50]` today does not
+    take port 443 of another namespace's LoadBalancer whose status says 203.0.113.50: status is
+    written by the load balancer's controller, externalIPs by any editor of a Service."""
+    tenant, owner_ns = names
+    objs = [aged(service("grab", "10.96.0.70", port(443, "https"), ns=tenant,
+                         externalIPs=["203.0.113.50"]), OLD),
+            slice_("grab", ep("10.244.9.9", NODE), port=443, port_name="https", ns=tenant),
+            aged(service("lb", "10.96.0.71", port(443, "https"), ns=owner_ns,
+                         type_="LoadBalancer", ingress=["203.0.113.50"]), NEW),
+            slice_("lb", ep("10.244.1.5", NODE), port=443, port_name="https", ns=owner_ns)]
+    for order in itertools.permutations(objs):
+        d = desired(*order)
+        assert owner(d, "TCP 203.0.113.50:443") == f"{owner_ns}/lb:https"
+        assert vs(d)["TCP 203.0.113.50:443"] == ["10.244.1.5:443"]
+        assert [p for p in problems(d) if "203.0.113.50" in p] == [
+            f"Service {tenant}/grab: external-ip TCP 203.0.113.50:443 is the LoadBalancer IP "
+            f"of {owner_ns}/lb:https; ignored"]
+
+
+POD_NET = Config(hostname=NODE, cluster_cidrs=(ip_network("10.244.0.0/16"),))
+
+
+def test_tenant_addresses_inside_the_pod_network_are_refused() -> None:
+    """Item 2: an externalIP equal to another tenant's pod IP would send that pod's port, from
+    every node, to the attacker's endpoints; an ingress IP there too."""
+    attack = service("a", "10.96.0.50", port(8080), type_="LoadBalancer", ns="t1",
+                     externalIPs=["10.244.1.5"], ingress=["10.244.2.9"])
+    d = desired(attack, slice_("a", ep("10.244.9.9", NODE), port=8080, ns="t1"), cfg=POD_NET)
+    assert set(vs(d)) == {"TCP 10.96.0.50:8080"}
+    assert sorted(problems(d)) == [
+        "Service t1/a: externalIP 10.244.1.5 is inside the pod network (--cluster-cidr) "
+        "10.244.0.0/16; ignored",
+        "Service t1/a: loadBalancer ingress IP 10.244.2.9 is inside the pod network "
+        "(--cluster-cidr) 10.244.0.0/16; ignored"]
+    # without --cluster-cidr, the Node's own spec.podCIDRs are known all the same
+    n = node()
+    n["spec"] = {"podCIDR": "10.244.1.0/24", "podCIDRs": ["10.244.1.0/24", "fd00:244:1::/64"]}
+    d = desired(attack, n)
+    assert "TCP 10.244.1.5:8080" not in vs(d) and "TCP 10.244.2.9:8080" in vs(d)
+    assert "Service t1/a: externalIP 10.244.1.5 is inside this node's podCIDR 10.244.1.0/24; " \
+        "ignored" in problems(d)
+
+
+def test_other_nodes_addresses_are_refused_inside_the_node_network() -> None:
+    """Item 2: another node's address is not known without watching every Node; the operator
+    says where the nodes live (--node-network-cidrs) and externalIPs there are refused."""
+    attack = service("a", "10.96.0.50", port(10250), ns="t1", externalIPs=["192.168.1.11"])
+    assert "TCP 192.168.1.11:10250" in vs(desired(attack))  # unknown: served (and bound)
+    cfg = Config(hostname=NODE, node_network_cidrs=(ip_network("192.168.1.0/24"),))
+    d = desired(attack, cfg=cfg)
+    assert "TCP 192.168.1.11:10250" not in vs(d)
+    assert problems(d) == [
+        "Service t1/a: externalIP 192.168.1.11 is inside the node network 192.168.1.0/24 "
+        "(--node-network-cidrs), which only --external-ip-cidrs can allow; ignored"]
+
+
+def test_the_operator_may_allow_node_addresses_as_external_ips() -> None:
+    """Item 3: bare-metal ingress published on the nodes' own IPs through externalIPs. Inside
+    --external-ip-cidrs a node's address is served, without binding it to kube-ipvs0 (as
+    kube-proxy serves this node's): this node's own, and another node's (which binding would
+    take from that node)."""
+    ingress = service("ingress-nginx", "10.96.0.60", port(443, "https"), ns="ingress",
+                      externalIPs=["192.168.1.10", "192.168.1.11"])
+    cfg = Config(hostname=NODE, external_ip_cidrs=(ip_network("192.168.1.0/24"),),
+                 node_network_cidrs=(ip_network("192.168.1.0/24"),))
+    d = desired(ingress, slice_("ingress-nginx", ep("10.244.1.5", NODE), port=443,
+                                port_name="https", ns="ingress"), cfg=cfg)
+    assert vs(d)["TCP 192.168.1.10:443"] == vs(d)["TCP 192.168.1.11:443"] == ["10.244.1.5:443"]
+    assert problems(d) == []
+    assert addrs_bound(d) == {"10.96.0.60"}
+    assert members(d, "KUBE-EXTERNAL-IP") == {"192.168.1.10,tcp:443", "192.168.1.11,tcp:443"}
+    assert members(d, "KUBE-IPVS-IPS") == {"10.96.0.60"}
+
+
+def addrs_bound(d: Desired) -> set[str]:
+    return {str(a) for a in d.addresses}
+
+
+def test_a_service_over_the_object_budget_is_refused_and_the_rest_programmed() -> None:
+    """Item 4: 500 ports x 400 externalIPs made 200,500 virtual servers on every node."""
+    big = service("big", "10.96.0.90", *[port(1000 + i, f"p{i}") for i in range(500)],
+                  ns="t1", externalIPs=[f"203.0.{113 + i // 250}.{i % 250 + 1}"
+                                        for i in range(400)])
+    d = desired(big, service("small", "10.96.0.91"))
+    assert set(vs(d)) == {"TCP 10.96.0.91:80"}
+    assert problems(d) == ["Service t1/big: expands to 200500 virtual servers and source-range "
+                           "entries on this node, more than --max-objects-per-service=10000; "
+                           "not programmed"]
+    # source ranges count: 1 LoadBalancer IP x 20 ports x 600 ranges
+    ranged = service("ranged", "10.96.0.92", *[port(1000 + i, f"p{i}") for i in range(20)],
+                     type_="LoadBalancer", ingress=["198.51.100.9"],
+                     loadBalancerSourceRanges=[f"10.{i // 250}.{i % 250}.0/24"
+                                               for i in range(600)])
+    assert problems(desired(ranged, cfg=Config(hostname=NODE, max_objects_per_service=10_000))
+                    ) == ["Service default/ranged: expands to 12040 virtual servers and "
+                          "source-range entries on this node, more than "
+                          "--max-objects-per-service=10000; not programmed"]
+    # 0: no limit
+    assert len(vs(desired(ranged, cfg=Config(hostname=NODE, max_objects_per_service=0)))) == 40
