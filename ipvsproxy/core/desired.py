@@ -211,13 +211,18 @@ def frontends(svc: Service, sp: ServicePort, family: int, nodeips: Sequence[IPAd
 class _Port:
     """One service port as the builder keeps it between its passes (see _Builder)."""
 
-    __slots__ = ("acc", "cat", "flags", "owner", "proto", "ranges", "sched", "sp", "svc")
+    __slots__ = ("acc", "cat", "eps", "flags", "owner", "proto", "ranges", "rs", "sched", "sp",
+                 "svc")
 
     def __init__(self, svc: Service, sp: ServicePort, cat: Categorized, sched: str, flags: int,
                  ranges: list[IPNetwork], owner: str, acc: _IndexAcc) -> None:
         self.svc, self.sp, self.cat, self.sched, self.flags = svc, sp, cat, sched, flags
         self.ranges, self.owner, self.acc = ranges, owner, acc
         self.proto = sp.protocol.value.lower()
+        # the real servers of the last endpoint list a frontend of this port used: a port's
+        # frontends mostly share one list, and then one tuple of real servers (memory)
+        self.eps: tuple[Ep, ...] | None = None
+        self.rs: tuple[RealServer, ...] = ()
 
 
 class _Builder:
@@ -244,8 +249,6 @@ class _Builder:
         # key -> ("ns/name" of the service that won it, the kind of its claim)
         self.claims: dict[ServiceKey, tuple[str, str]] = {}
         self.acc = _IndexAcc()
-        self._last_eps: tuple[Ep, ...] | None = None
-        self._last_rs: tuple[RealServer, ...] = ()
 
     def _add(self, name: str, entry: str) -> None:
         self.sets[name].add(entry)
@@ -327,9 +330,9 @@ class _Builder:
             self.owners[key] = p.owner
             self.claims[key] = (svc.key, fe.kind)
             self.acc.keys.append(key)
-            if eps is not self._last_eps:  # a port's frontends mostly share one endpoint list
-                self._last_eps, self._last_rs = eps, _real_servers(eps)
-            self.dests[key] = self._last_rs
+            if eps is not p.eps:
+                p.eps, p.rs = eps, _real_servers(eps)
+            self.dests[key] = p.rs
         add(T.OWNED, entry)
         if fe.bind:
             self.bound.add(fe.addr)
@@ -437,11 +440,18 @@ def _compute_desired(snap: Snapshot, host: HostFacts, cfg: Config) -> Desired:
     nodeips = {f: node_ips(host, cfg, primaries[f], f) for f in cfg.families}
     sc = screen_of(snap, host, cfg, nodeips)
     ordered = []
+    # most Services claim no tenant-written address, name no scheduler and are far below the
+    # budget whatever their addresses' families: nothing to screen (a call less per Service)
+    per_port = 2 + sum(sc.nodeips.values()) if sc.nodeips else 2
+    plain = sc.max_objects // per_port if sc.max_objects else 1 << 62
     for svc in sorted(snap.services, key=age):
-        kept, refused = screen(svc, sc)
-        problems.extend(refused)
-        if kept is not None:
-            ordered.append(kept)
+        if svc.external_ips or svc.lb_ingress_ips or svc.scheduler or len(svc.ports) > plain:
+            kept, refused = screen(svc, sc)
+            problems.extend(refused)
+            if kept is None:
+                continue
+            svc = kept
+        ordered.append(svc)
     for family in cfg.families:
         b = _Builder(family, cfg, nodeips[family], primaries[family], zone)
         later: list[_Port] = []
