@@ -98,11 +98,13 @@ def cluster(echo_pods: tuple[str, ...] = ("pod1",)) -> list[dict[str, Any]]:
     ]
 
 
-def sync(tmp: Path, docs: list[dict[str, Any]]) -> None:
+def sync(tmp: Path, docs: list[dict[str, Any]], *flags: str) -> str:
+    """Program `docs`; what the command warned about."""
     path = tmp / "cluster.yaml"
     path.write_text(yaml.safe_dump_all(docs))
-    p = forked.run(["sync", "--once", "--from-file", str(path), *FLAGS])
+    p = forked.run(["sync", "--once", "--from-file", str(path), *FLAGS, *flags])
     assert p.returncode == 0, p.stdout + p.stderr
+    return p.stderr
 
 
 @pytest.fixture(scope="module")
@@ -117,7 +119,7 @@ def node(ipvs_modules: None, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     sh(f"{PODS_SH} down")
 
 
-def curl(url: str, ns: str | None = None, timeout: int = 3) -> tuple[int, str]:
+def curl(url: str, ns: str | None = None, timeout: int = 10) -> tuple[int, str]:
     cmd = ["curl", "-s", "-m", str(timeout), url]
     if ns:
         cmd = ["ip", "netns", "exec", ns, *cmd]
@@ -255,7 +257,7 @@ def test_a_tenant_cannot_take_another_tenants_cluster_ip(node: Path) -> None:
         ns(service("victim", "10.96.3.60", http80), "t2", "2025-01-01T00:00:00Z"),
         ns(slice_("victim-1", "victim", ["pod1"], HTTP), "t2", "2025-01-01T00:00:00Z"),
         ns(service("attacker", "10.96.3.61", http80, "LoadBalancer", lb="10.96.3.60",
-                   externalIPs=["10.96.3.60"]), "t1", "2020-01-01T00:00:00Z"),
+                   externalIPs=["10.96.3.60", "203.0.113.12"]), "t1", "2020-01-01T00:00:00Z"),
         ns(slice_("attacker-1", "attacker", ["pod3"], HTTP), "t1", "2020-01-01T00:00:00Z"),
     ]
     try:
@@ -264,5 +266,41 @@ def test_a_tenant_cannot_take_another_tenants_cluster_ip(node: Path) -> None:
         assert pods_hit("http://10.96.3.60", 3) == {"pod1": 3}  # from the node too
         assert pods_hit("http://10.96.3.61", 3, ns="pod2") == {"pod3": 3}
         assert "10.244.1.13" not in sh("ipvsadm -Ln -t 10.96.3.60:80")
+        # Issue 32, item 1: the older tenant's externalIP does not take default/lb-local's
+        # LoadBalancer status IP (its Local policy: pod1 only, the client's address kept)
+        assert [who("http://203.0.113.12", ns="client") for _ in range(3)] == \
+            [("pod1", "192.168.1.100")] * 3
     finally:
+        sync(node, cluster())
+
+
+def test_an_ingress_on_the_nodes_own_address_if_the_operator_allows_it(node: Path) -> None:
+    """Issue 32, item 3: bare-metal ingress published on the node's own IP through
+    externalIPs. Refused by default; inside --external-ip-cidrs it is served, from outside the
+    node, without binding the node's address to kube-ipvs0, and the node's other ports on that
+    address still answer (its own listener on 8443 is not rejected as a service address's)."""
+    https = [{"name": "https", "port": 443, "targetPort": 8080, "protocol": "TCP"}]
+    ingress = [service("ingress", "10.96.4.10", https, externalIPs=["192.168.1.10"]),
+               slice_("ingress-1", "ingress", ["pod2"],
+                      [{"name": "https", "port": 8080, "protocol": "TCP"}])]
+    own = subprocess.Popen(["socat", "TCP-LISTEN:8443,bind=192.168.1.10,fork,reuseaddr",
+                            "SYSTEM:echo node-a"], stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL)
+    try:
+        warned = sync(node, cluster() + ingress)
+        assert "externalIP 192.168.1.10 is an address of this node" in warned
+        assert curl("http://192.168.1.10:443/", ns="client", timeout=2)[0] != 0
+        warned = sync(node, cluster() + ingress, "--external-ip-cidrs", "192.168.1.0/24")
+        assert "192.168.1.10" not in warned
+        assert [who("http://192.168.1.10:443", ns="client")[0] for _ in range(3)] == \
+            ["pod2"] * 3
+        assert "192.168.1.10" not in sh("ip -4 addr show dev kube-ipvs0")
+        time.sleep(0.2)  # socat is listening by now
+        p = subprocess.run("ip netns exec client socat -t5 -T5 - TCP:192.168.1.10:8443",
+                           shell=True, capture_output=True, text=True, check=False,
+                           stdin=subprocess.DEVNULL)
+        assert p.stdout.strip() == "node-a"
+    finally:
+        own.kill()
+        own.wait()
         sync(node, cluster())
