@@ -44,6 +44,8 @@ class Config:
     node_network_cidrs: tuple[IPNetwork, ...] = ()
     # the most virtual servers and source-range entries one Service may make on a node
     max_objects_per_service: int = 10_000
+    # kube-proxy's state on this node is ipvsproxy's to adopt (core/takeover.py)
+    adopt_kube_proxy: bool = False
     # daemon (`run`) only; kube-proxy's defaults, except min_sync_period (see add_daemon_flags)
     sync_period: float = 30.0
     min_sync_period: float = 1.0
@@ -132,6 +134,11 @@ def add_proxy_flags(parser: argparse.ArgumentParser) -> None:
       help="the most virtual servers and LoadBalancer source-range entries one Service may "
            "make on a node; a Service over it is refused with a warning (default 10000; 0: no "
            "limit)")
+    a("--adopt-kube-proxy", action="store_true",
+      help="take over what kube-proxy left on this node, in place and with its connections: "
+           "its IPVS virtual servers become ipvsproxy's, its iptables-mode chains and "
+           "nftables tables are replaced once ipvsproxy's state is in place (README, 'Moving "
+           "from kube-proxy'; the DaemonSet sets it)")
     a("--ip-families", metavar="LIST", default="auto",
       help="4, 6, 4,6 or auto (IPv6 too when the host has it and ip6tables is installed)")
 
@@ -209,6 +216,7 @@ def from_args(args: argparse.Namespace) -> Config:
         external_ip_cidrs=_cidrs(args.external_ip_cidrs, "--external-ip-cidrs"),
         node_network_cidrs=_cidrs(args.node_network_cidrs, "--node-network-cidrs"),
         max_objects_per_service=args.max_objects_per_service,
+        adopt_kube_proxy=args.adopt_kube_proxy,
         **_daemon_fields(args),
     )
 

@@ -19,6 +19,7 @@ from ipvsproxy.core.cluster import build_snapshot, first_objects
 from ipvsproxy.core.desired import Desired, HostFacts, compute_desired
 from ipvsproxy.core.model import Problem
 from ipvsproxy.core.plan import Plan, diff
+from ipvsproxy.core.takeover import Takeover
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,7 +51,9 @@ def sync(docs: list[Any], cfg: Config, dry_run: bool = False) -> Outcome:
     if not dry_run and program_first(docs, cfg, host):
         first = time.monotonic() - t0
     des = desired_from(docs, cfg, host)
-    plan = diff(des, dataplane.observe(des), cfg.exclude_cidrs)
+    takeover = Takeover.of(host.addresses) if cfg.adopt_kube_proxy else None
+    plan = diff(des, dataplane.observe(des, nft=takeover is not None), cfg.exclude_cidrs,
+                takeover=takeover)
     failures: list[Any] = [] if dry_run else dataplane.apply(plan)
     return Outcome(des, plan, tuple(failures), time.monotonic() - t0, first)
 

@@ -14,12 +14,17 @@ left alone. With --dry-run, print the commands instead."""
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dry-run", action="store_true",
                         help="print what would be removed, remove nothing")
+    parser.add_argument("--records-only", action="store_true",
+                        help="after kube-proxy has taken the node back (IPVS mode): remove only "
+                             "ipvsproxy's own records (its IPVSPROXY-* sets, the names file), "
+                             "not the virtual servers, rules and addresses kube-proxy now serves "
+                             "from (README, 'Moving from kube-proxy')")
 
 
 def run(args: argparse.Namespace) -> int:
-    from ipvsproxy.kernel.cleanup import plan_cleanup
+    from ipvsproxy.kernel.cleanup import plan_cleanup, plan_records_cleanup
 
-    actions, notes = plan_cleanup()
+    actions, notes = plan_records_cleanup() if args.records_only else plan_cleanup()
     for n in notes:
         print(f"note: {n}", file=sys.stderr)
     failed = 0

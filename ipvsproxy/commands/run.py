@@ -10,7 +10,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from ipvsproxy.cli import CliError
@@ -172,15 +172,43 @@ def _hcnp(health: Any) -> Any:
     return HealthCheckPorts(health, None)
 
 
-def _start_servers(cfg: Config, metrics: Any, health: Any) -> list[Any]:
+# How long a port the daemon listens on may be held by another process before it gives up:
+# kube-proxy's, while its pod ends in a DaemonSet swap (both listen on 10256 and 10249). Waiting
+# for it is also what keeps the two proxies from syncing one node at once: nothing is synced
+# before these ports are ours.
+PORT_WAIT = 120.0
+
+
+def _start_servers(cfg: Config, metrics: Any, health: Any,
+                   wait: float = PORT_WAIT) -> list[Any]:
+    import errno
+
+    import structlog
+
     from ipvsproxy.daemon import http
 
-    out = []
-    try:
-        if cfg.healthz_bind_address:
-            out.append(http.start_healthz(cfg.healthz_bind_address, health, metrics))
-        if cfg.metrics_bind_address:
-            out.append(http.start_metrics(cfg.metrics_bind_address, metrics))
-    except OSError as exc:
-        raise CliError(str(exc)) from None
+    log = structlog.get_logger("ipvsproxy.run")
+    out: list[Any] = []
+    starts: list[Callable[[], Any]] = []
+    if cfg.healthz_bind_address:
+        starts.append(lambda: http.start_healthz(cfg.healthz_bind_address, health, metrics))
+    if cfg.metrics_bind_address:
+        starts.append(lambda: http.start_metrics(cfg.metrics_bind_address, metrics))
+    deadline = time.monotonic() + wait
+    for start in starts:
+        said = False
+        while True:
+            try:
+                out.append(start())
+                break
+            except OSError as exc:
+                if exc.errno != errno.EADDRINUSE or time.monotonic() > deadline:
+                    for s in out:
+                        s.stop()
+                    raise CliError(str(exc)) from None
+                if not said:
+                    log.warning("port in use, waiting (is kube-proxy still running?)",
+                                error=str(exc), seconds=wait)
+                    said = True
+                time.sleep(1.0)
     return out

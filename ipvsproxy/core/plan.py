@@ -34,6 +34,7 @@ from ipvsproxy.core.ipvs import (
 from ipvsproxy.core.ipvs_cmdline import op_line
 from ipvsproxy.core.model import Problem
 from ipvsproxy.core.rules import TABLES, jump_line
+from ipvsproxy.core.takeover import Takeover, iptables_leftovers, kube_proxy_services
 
 IPAddress = IPv4Address | IPv6Address
 IPNetwork = IPv4Network | IPv6Network
@@ -52,6 +53,8 @@ class Observed:
     chains: Mapping[tuple[int, str], Chains] = field(default_factory=dict)  # (family, table)
     sysctls: Mapping[str, str] = field(default_factory=dict)
     timeouts: Timeouts | None = None
+    # kube-proxy's nftables tables found ("ip kube-proxy"); looked for only in a takeover
+    nft_tables: frozenset[str] = frozenset()
 
 
 # ---------------------------------------------------------------------------------- steps
@@ -146,8 +149,18 @@ class SetTimeouts:
         return [f"ipvsadm --set {t.tcp} {t.tcp_fin} {t.udp}"]
 
 
+@dataclass(frozen=True, slots=True)
+class DeleteNftTables:
+    """kube-proxy's nftables tables, deleted in one nft transaction (a takeover's last step)."""
+
+    tables: tuple[str, ...]
+
+    def lines(self) -> list[str]:
+        return [f"nft delete table {t}" for t in self.tables]
+
+
 Step = (Sysctl | CreateLink | CreateSet | SetMembers | ResizeSet | Iptables | Ipvs | Address
-        | SetTimeouts)
+        | SetTimeouts | DeleteNftTables)
 
 
 def step_kind(step: Step) -> str:
@@ -159,8 +172,8 @@ def step_kind(step: Step) -> str:
     if isinstance(step, Address):
         return "address_add" if step.add else "address_del"
     return {Sysctl: "sysctl", CreateLink: "link_add", CreateSet: "ipset_create",
-            ResizeSet: "ipset_resize",
-            Iptables: "iptables_restore", SetTimeouts: "ipvs_set_timeouts"}[type(step)]
+            ResizeSet: "ipset_resize", Iptables: "iptables_restore",
+            SetTimeouts: "ipvs_set_timeouts", DeleteNftTables: "nft_delete"}[type(step)]
 
 
 def one_service(kind: str) -> bool:
@@ -189,6 +202,9 @@ class Plan:
     draining: tuple[tuple[ServiceKey, DestKey], ...] = ()
     # desired virtual servers someone else already holds in the kernel: left alone
     foreign: tuple[ServiceKey, ...] = ()
+    # virtual servers kube-proxy programmed, taken over by this plan (--adopt-kube-proxy)
+    adopted: tuple[ServiceKey, ...] = ()
+    replaced_chains: int = 0  # kube-proxy's iptables-mode chains this plan deletes
     # the sets as the kernel holds them once the plan is applied (sizes differ from the desired
     # specs where an existing set is larger than needed): what later restore scripts must name;
     # derived, so not part of a plan's equality
@@ -231,17 +247,27 @@ def _rs_equal(a: RealServer, b: RealServer) -> bool:
 
 
 def _iptables(family: int, want: Mapping[str, Mapping[str, tuple[str, ...]]],
-              have: Mapping[tuple[int, str], Chains]) -> Iptables | None:
+              have: Mapping[tuple[int, str], Chains], takeover: bool = False
+              ) -> tuple[Iptables | None, int]:
+    """The family's restore payload, and how many of kube-proxy's iptables-mode chains it
+    deletes (a takeover: then it runs after everything else is in place)."""
     tool = "ip6tables" if family == 6 else "iptables"
     payload: list[str] = []
     cmds: list[str] = []
+    replaces = 0
     for table, chains in TABLES.items():
         obs = have.get((family, table), {})
         body: list[str] = []
         decl: list[str] = []
+        # kube-proxy's iptables mode, in a takeover: its jumps out of the built-in chains, and
+        # its chains flushed (so none refers to another) and deleted, in the transaction that
+        # writes ours (its CleanupLeftovers does the same); every chain of ours is written
+        # then, so none still jumps to one of its
+        gone, unlink = iptables_leftovers(table, obs) if takeover else ([], [])
+        replaces += len(gone) or bool(unlink)
         for chain in chains:
             rules = want[table][chain]
-            if obs.get(chain) == rules:
+            if obs.get(chain) == rules and not gone:
                 continue
             decl.append(f":{chain} - [0:0]")
             # every chain exists before a rule jumps to it, as in the restore payload
@@ -256,17 +282,24 @@ def _iptables(family: int, want: Mapping[str, Mapping[str, tuple[str, ...]]],
                 ins = "-I" + line[2:].replace(f" {j.chain} ", f" {j.chain} 1 ", 1)
                 body.append(ins)
                 cmds.append(f"{tool} -t {table} {ins}")
+        decl += [f":{c} - [0:0]" for c in gone]
+        body += unlink
+        body += [f"-X {c}" for c in gone]
+        cmds += [f"{tool} -t {table} {r}" for r in unlink]
+        cmds += [f"{tool} -t {table} {flag} {c}" for flag in ("-F", "-X") for c in gone]
         if decl or body:
             payload += [f"*{table}", *decl, *body, "COMMIT"]
     if not payload:
-        return None
-    return Iptables(family, tuple(payload), tuple(cmds))
+        return None, 0
+    return Iptables(family, tuple(payload), tuple(cmds)), replaces
 
 
 def diff(des: Desired, obs: Observed, exclude: Sequence[IPNetwork] = (),
-         force_delete: Collection[tuple[ServiceKey, DestKey]] = ()) -> Plan:
+         force_delete: Collection[tuple[ServiceKey, DestKey]] = (),
+         takeover: Takeover | None = None) -> Plan:
     """`force_delete`: draining real servers to delete even with connections left (the
-    daemon's --ipvs-graceful-termination-period has passed for them)."""
+    daemon's --ipvs-graceful-termination-period has passed for them). `takeover`: kube-proxy's
+    state is ipvsproxy's to adopt (core/takeover.py)."""
     problems: list[Problem] = []
     draining: list[tuple[ServiceKey, DestKey]] = []
     early: list[Step] = [Sysctl(k, v) for k, v in des.sysctls if obs.sysctls.get(k) != v]
@@ -281,19 +314,28 @@ def diff(des: Desired, obs: Observed, exclude: Sequence[IPNetwork] = (),
             problems.append(Problem("ipset", "", spec.name,
                                     f"exists as {have.type} {have.family or ''}, not "
                                     f"{spec.type}; run `ipvsproxy cleanup` to recreate it"))
+    replacing: list[Step] = []  # kube-proxy's iptables-mode chains replaced: after the rest
+    replaced = 0
     for fam in des.families:
-        step = _iptables(fam, des.rules[fam], obs.chains)
+        step, replaces = _iptables(fam, des.rules[fam], obs.chains, takeover is not None)
+        replaced += replaces
         if step:
-            early.append(step)
+            (replacing if replaces else early).append(step)
 
-    # Virtual servers: ours are those in the OWNED set(s).
+    # Virtual servers: ours are those in the OWNED set(s); in a takeover, kube-proxy's too.
     owned: set[ServiceKey] = set()
-    owned_names = {T.family_name(T.OWNED, f) for f in des.families}
-    owned_members = set().union(*(obs.sets.get(n, frozenset()) for n in owned_names))
+    owned_members = _members(obs, T.OWNED, des.families)
+    foreign_members = _members(obs, T.FOREIGN, des.families)
     for key in obs.services:
         e = owned_entry(key)
         if e is not None and e in owned_members:
             owned.add(key)
+    adopted: set[ServiceKey] = set()
+    if takeover is not None:
+        adopted = kube_proxy_services(
+            (k for k in obs.services if k not in owned
+             and owned_entry(k) not in foreign_members), obs.sets, takeover.node_addresses)
+        owned |= adopted
     want_sets = {n: set(m) for n, m in des.sets.items()}
     ipvs_add: list[Ipvs] = []
     first_ipvs: list[Ipvs] = []  # those of T.FIRST_SERVICES: applied before all others
@@ -307,8 +349,10 @@ def diff(des: Desired, obs: Observed, exclude: Sequence[IPNetwork] = (),
                                     f"virtual server {key} exists and was not created by "
                                     "ipvsproxy; left alone"))
             foreign.append(key)
-            fam_set = T.family_name(T.OWNED, key.addr.version if key.addr else 4)
-            want_sets[fam_set].discard(owned_entry(key) or "")
+            fam = key.addr.version if key.addr else 4
+            want_sets[T.family_name(T.OWNED, fam)].discard(owned_entry(key) or "")
+            # recorded: never taken for kube-proxy's, though the role sets name it
+            want_sets[T.family_name(T.FOREIGN, fam)].add(owned_entry(key) or "")
             continue
         to = first_ipvs if key in first_keys else ipvs_add
         want = des.dests.get(key, ())
@@ -399,10 +443,17 @@ def diff(des: Desired, obs: Observed, exclude: Sequence[IPNetwork] = (),
     first_bind = [b for b in bind if b.addr in first_addrs]
     if first_bind:
         bind = [b for b in bind if b.addr not in first_addrs]
+    if takeover is not None and obs.nft_tables:
+        late.append(DeleteNftTables(tuple(sorted(obs.nft_tables))))
     steps = [*early, *first_adds, *first_ipvs, *first_bind, *adds, *unbind, *ipvs_add, *ipvs_del,
-             *bind, *dels, *late]
+             *bind, *replacing, *dels, *late]
     return Plan(tuple(steps), tuple(problems), tuple(draining), tuple(foreign),
-                tuple(effective[s.name] for s in des.specs))
+                tuple(sorted(adopted)), replaced, tuple(effective[s.name] for s in des.specs))
+
+
+def _members(obs: Observed, name: str, families: Sequence[int]) -> set[str]:
+    """The members of one of ipvsproxy's sets, both families' spellings together."""
+    return set().union(*(obs.sets.get(T.family_name(name, f), frozenset()) for f in families))
 
 
 def _first(des: Desired) -> tuple[set[ServiceKey], dict[str, set[str]], set[IPAddress]]:

@@ -33,6 +33,9 @@ IPVS_IPS = "KUBE-IPVS-IPS"
 # externalTrafficPolicy=Local services that have no local endpoint (outside clients dropped).
 OWNED = "IPVSPROXY-OWNED-VS"
 EXT_NO_LOCAL = "IPVSPROXY-EXT-NO-LOCAL"
+# Desired virtual servers someone else's virtual server holds (left alone): never taken for
+# kube-proxy's in a takeover, though ipvsproxy lists them in kube-proxy's sets (core/takeover.py)
+FOREIGN = "IPVSPROXY-FOREIGN-VS"
 
 # Services a node needs before all others (namespace, name): the API server and cluster DNS.
 # A plan programs them first, so on a cold start at 10,000 services they work within seconds
@@ -105,6 +108,7 @@ OWN_IPSETS: tuple[IPSetDef, ...] = (
     IPSetDef(OWNED, "hash:ip,port", "virtual servers created by ipvsproxy"),
     IPSetDef(EXT_NO_LOCAL, "hash:ip,port",
              "ipvsproxy: externalTrafficPolicy=Local frontends with no local endpoint"),
+    IPSetDef(FOREIGN, "hash:ip,port", "ipvsproxy: virtual servers of others left alone"),
 )
 ALL_IPSETS = IPSETS + OWN_IPSETS
 # family-prefixed name -> (name, family): family_name() truncates, so it is not inverted by text

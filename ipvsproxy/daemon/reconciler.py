@@ -34,6 +34,7 @@ from ipvsproxy.core.incremental import Applied
 from ipvsproxy.core.ipvs import DestKey, ObservedService, RealServer, ServiceKey
 from ipvsproxy.core.ipvs import Protocol as IpProto
 from ipvsproxy.core.plan import Ipvs, Observed, Plan, diff, one_service, step_counts
+from ipvsproxy.core.takeover import Takeover
 from ipvsproxy.daemon.store import Changes, Store
 
 log = structlog.get_logger("ipvsproxy.sync")
@@ -44,7 +45,7 @@ class Kernel(Protocol):
     """The shell the loop drives (kernel/dataplane.py in production)."""
 
     def host_facts(self) -> HostFacts: ...
-    def observe(self, des: Desired) -> Observed: ...
+    def observe(self, des: Desired, nft: bool = False) -> Observed: ...
     def read_services(self, keys: Iterable[ServiceKey]) -> dict[ServiceKey, ObservedService]: ...
     def apply(self, plan: Plan) -> list[Any]: ...
     def clear_udp(self, dests: Mapping[ServiceKey, tuple[RealServer, ...]],
@@ -59,10 +60,10 @@ class NodeKernel:
 
         return host_facts()
 
-    def observe(self, des: Desired) -> Observed:
+    def observe(self, des: Desired, nft: bool = False) -> Observed:
         from ipvsproxy.kernel import dataplane
 
-        return dataplane.observe(des)
+        return dataplane.observe(des, nft)
 
     def read_services(self, keys: Iterable[ServiceKey]) -> dict[ServiceKey, ObservedService]:
         from ipvsproxy.kernel import dataplane
@@ -212,8 +213,12 @@ class Reconciler:
     def _full_sync(self, changes: Changes) -> SyncResult:
         self.host = self.kernel.host_facts()
         des = compute_desired(self.store.snapshot(), self.host, self.cfg)
-        obs = self.kernel.observe(des)
-        plan = diff(des, obs, self.cfg.exclude_cidrs, self._expired())
+        takeover = Takeover.of(self.host.addresses) if self.cfg.adopt_kube_proxy else None
+        obs = self.kernel.observe(des, takeover is not None)
+        plan = diff(des, obs, self.cfg.exclude_cidrs, self._expired(), takeover)
+        if plan.adopted or plan.replaced_chains or obs.nft_tables:
+            log.info("taking over from kube-proxy", virtual_servers=len(plan.adopted),
+                     iptables_chains=plan.replaced_chains, nftables=sorted(obs.nft_tables))
         failures = self.kernel.apply(plan)
         self._track_draining(plan, None)
         self.foreign = set(plan.foreign)

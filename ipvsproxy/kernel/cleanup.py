@@ -1,8 +1,9 @@
-"""Remove everything ipvsproxy owns, and nothing else: its virtual servers (those in its
-IPVSPROXY-OWNED-VS sets), the jumps to its chains and the chains, the addresses it bound to
-kube-ipvs0 and the link itself when nothing foreign is left on it, then its ipsets. In that order:
-a set cannot be destroyed while a rule uses it, and an address should not outlive its rules.
-(kube-proxy --cleanup flushes every virtual server on the host; we do not.)
+"""Remove everything ipvsproxy owns, and nothing else (`plan_cleanup`): its virtual servers
+(those in its IPVSPROXY-OWNED-VS sets), the jumps to its chains and the chains, the addresses it
+bound to kube-ipvs0 and the link itself when nothing foreign is left on it, then its ipsets. In
+that order: a set cannot be destroyed while a rule uses it, and an address should not outlive its
+rules. (kube-proxy --cleanup flushes every virtual server on the host; we do not.) Or, once
+kube-proxy has taken the node back, only ipvsproxy's own records (`plan_records_cleanup`).
 """
 
 from __future__ import annotations
@@ -105,17 +106,49 @@ def plan_cleanup() -> tuple[list[Action], list[str]]:
                     with DummyLink() as lk:
                         return lk.delete()
                 actions.append(Action((f"ip link del {KUBE_IPVS0}",), del_link))
-    doomed = [n for n in saved if n in names]
-    if doomed:
+    actions += _destroy_and_forget([n for n in saved if n in names])
+    return actions, notes
+
+
+def plan_records_cleanup() -> tuple[list[Action], list[str]]:
+    """Only ipvsproxy's own records, once kube-proxy has taken the node back in IPVS mode: the
+    IPVSPROXY-* sets (and any rule of ipvsproxy's still matching one) and the published names.
+    Nothing that serves traffic: the virtual servers ipvsproxy recorded as its own are
+    kube-proxy's now, and `plan_cleanup` would delete them."""
+    with IPSets() as ipsets:
+        saved = ipsets.read_all()
+    own = [n for n in (T.family_name(d.name, f) for d in T.OWN_IPSETS for f in FAMILIES)
+           if n in saved]
+    actions: list[Action] = []
+    for fam in FAMILIES:
+        tool = "ip6tables" if fam == 6 else "iptables"
+        if not own or not shutil.which(f"{tool}-restore"):
+            continue
+        payload: list[str] = []
+        for table, chains in iptables.save(fam).items():
+            dels = ["-D" + r[2:] for rules in chains.values() for r in rules
+                    if any(f" --match-set {n} " in r for n in own)]
+            if dels:
+                payload += [f"*{table}", *dels, "COMMIT"]
+        if payload:
+            actions.append(Action(tuple(f"{tool} {ln}" for ln in payload if ln[0] == "-"),
+                                  partial(iptables.restore, fam, tuple(payload))))
+    return actions + _destroy_and_forget(own), []
+
+
+def _destroy_and_forget(sets: list[str]) -> list[Action]:
+    """Destroy these sets (after the rules that used them), and remove the names file."""
+    actions = []
+    if sets:
         def destroy() -> object:
             with IPSets() as s:
-                for n in doomed:
+                for n in sets:
                     s.destroy(n)
             return None
-        actions.append(Action(tuple(f"ipset destroy {n}" for n in doomed), destroy))
+        actions.append(Action(tuple(f"ipset destroy {n}" for n in sets), destroy))
     from ipvsproxy import names as published  # the service names the syncs wrote
 
     if published.path().exists():
         actions.append(Action((f"rm {published.path()}",), published.remove))
-    return actions, notes
+    return actions
 

@@ -22,6 +22,7 @@ from ipvsproxy.core.plan import (
     Address,
     CreateLink,
     CreateSet,
+    DeleteNftTables,
     Iptables,
     Ipvs,
     Observed,
@@ -34,6 +35,7 @@ from ipvsproxy.core.plan import (
     step_kind,
 )
 from ipvsproxy.kernel import iptables
+from ipvsproxy.kernel import nft as nft_module
 from ipvsproxy.kernel.dummy import DummyLink
 from ipvsproxy.kernel.host import read_sysctls, write_sysctl
 from ipvsproxy.kernel.ipset import IPSetError, IPSets
@@ -51,8 +53,9 @@ class Failure:
         return f"{self.what}: {self.error}"
 
 
-def observe(des: Desired) -> Observed:
-    """Read what the kernel holds of everything `des` talks about."""
+def observe(des: Desired, nft: bool = False) -> Observed:
+    """Read what the kernel holds of everything `des` talks about; `nft`: also which of
+    kube-proxy's nftables tables exist (a takeover)."""
     # `ipset save` and iptables-save run (on another CPU) while IPVS and kube-ipvs0 are read
     with IPSets() as ipsets:
         saved_sets = ipsets.start_read_all()
@@ -77,7 +80,8 @@ def observe(des: Desired) -> Observed:
     for fam, rules in saved_rules:
         chains.update(iptables.chains_of(rules(), fam))
     return Observed(services, sets, specs, exists, addrs, chains,
-                    read_sysctls(k for k, _ in des.sysctls), timeouts)
+                    read_sysctls(k for k, _ in des.sysctls), timeouts,
+                    nft_module.kube_proxy_tables() if nft else frozenset())
 
 
 def _addresses(des: Desired) -> Iterator[Any]:
@@ -214,5 +218,7 @@ def _apply_one(step: Step, ipvs: IpvsClient | None) -> None:
     elif isinstance(step, SetTimeouts):
         with IpvsClient() as client:
             client.set_timeouts(step.timeouts)
+    elif isinstance(step, DeleteNftTables):
+        nft_module.delete_tables(step.tables)
     else:  # pragma: no cover - every step type is handled above
         raise TypeError(step)

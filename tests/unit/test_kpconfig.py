@@ -286,7 +286,7 @@ def test_every_flag_has_its_field_or_is_known_to_have_none() -> None:
     flags = {a.dest for a in p._actions} - {"help"}
     no_field = {"ip_families", "ipvs_graceful_termination_period", "service_metrics",
                 "service_cluster_ip_range", "external_ip_cidrs", "node_network_cidrs",
-                "max_objects_per_service"}
+                "max_objects_per_service", "adopt_kube_proxy"}
     assert flags - no_field == set(MAPPED.values()) - {"kubeconfig"}
     run_dests = {a.dest for a in run_parser()._actions}
     assert set(MAPPED.values()) <= run_dests  # run._config can setattr every one

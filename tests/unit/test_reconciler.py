@@ -38,7 +38,7 @@ class Recorder:
     def host_facts(self) -> HostFacts:
         return HOST
 
-    def observe(self, des: Desired) -> Observed:
+    def observe(self, des: Desired, nft: bool = False) -> Observed:
         self.calls.append("observe")
         self.state = des
         return Observed() if len(self.plans) == 0 else as_observed(self.state)
@@ -132,7 +132,7 @@ def test_an_exception_in_a_sync_does_not_end_the_loop() -> None:
     s, k = cluster(2), Recorder()
     boom = {"n": 1}
 
-    def observe(des: Desired) -> Observed:
+    def observe(des: Desired, nft: bool = False) -> Observed:
         if boom["n"]:
             boom["n"] -= 1
             raise OSError(19, "No such device")
