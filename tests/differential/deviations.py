@@ -48,6 +48,7 @@ class Context:
     # IPv4 addresses the objects spell only IPv4-mapped ("::ffff:203.0.113.5")
     v4_mapped: set[str] = field(default_factory=set)
     service_cidrs: tuple[str, ...] = Params().service_cidrs
+    cluster_cidrs: tuple[str, ...] = Params().cluster_cidrs  # the pod network
     # "TCP 10.96.0.1:443" -> every Service with a clusterIP, externalIP or LB IP there
     claims: dict[str, set[tuple[str, str]]] = field(default_factory=dict)
     # externalIPs and LB ingress IPs (VIP mode), canonical
@@ -84,6 +85,7 @@ class Context:
                     c.slices.setdefault((key[0], svc), []).append(o)
         if params is not None:
             c.service_cidrs = params.service_cidrs
+            c.cluster_cidrs = params.cluster_cidrs
             if not c.node_ips:
                 c.node_ips = params.node_ips
         spelled: set[str] = set()
@@ -262,17 +264,17 @@ def _claimed_twice(d: Difference, c: Context) -> bool:
 
 
 def _tenant_address(d: Difference, c: Context) -> bool:
-    """About an externalIP or LB ingress IP inside the service ranges or equal to a node
-    address, which kube-proxy programs and ipvsproxy refuses. Where it is a ClusterIP too
-    (a Service's own, say), kube-proxy writes that virtual server twice, the externalIP's
-    real servers (Local policy: this node's only) over the ClusterIP's, so ipvsproxy alone
-    has the ClusterIP's others."""
+    """About an externalIP or LB ingress IP inside the service ranges or the pod network, or
+    equal to a node address, which kube-proxy programs and ipvsproxy refuses. Where it is a
+    ClusterIP too (a Service's own, say), kube-proxy writes that virtual server twice, the
+    externalIP's real servers (Local policy: this node's only) over the ClusterIP's, so
+    ipvsproxy alone has the ClusterIP's others."""
     ips = ips_in(d.key)
     if d.candidate is not None:
         if d.reference is not None or d.kind != "ipvs dest":
             return False
         ips = ips_in(vs_of(d))
-    nets = [ip_network(n) for n in c.service_cidrs]
+    nets = [ip_network(n) for n in (*c.service_cidrs, *c.cluster_cidrs)]
     nodes = {_sloppy(a) for a in c.node_ips}
     return any(ip in nodes or any(ip_address(ip) in n for n in nets)
                for ip in ips & c.tenant_ips)
@@ -379,17 +381,20 @@ DEVIATIONS: tuple[Deviation, ...] = (
         _ext_no_local),
     Deviation(
         "address claims settled by authority",
-        "An address:port:protocol that several Services claim goes to the ClusterIP "
-        "(allocated and made unique by the API server) over any externalIP or LoadBalancer "
-        "IP, whatever the namespaces are called",
+        "An address:port:protocol that several Services claim goes to the claim of the most "
+        "trusted writer: a ClusterIP or NodePort (allocated and made unique by the API "
+        "server), then a LoadBalancer status IP (written by the load balancer's controller; "
+        "tenants cannot write status), then an externalIP (written by any editor of the "
+        "Service), whatever the namespaces are called.",
         "tests/unit/test_tenants.py::test_an_external_ip_never_takes_another_services_cluster_ip",
         _claimed_twice),
     Deviation(
         "tenant addresses refused",
         "An externalIP or LoadBalancer ingress IP inside the service ranges "
         "(`--service-cluster-ip-range`, and the ranges of the cluster's ServiceCIDR objects, "
-        "watched where the API serves them, 1.33+) or equal to one of this node's own "
-        "addresses is refused with a warning naming the Service",
+        "watched where the API serves them, 1.33+), inside the pod network (`--cluster-cidr`, "
+        "and this node's `spec.podCIDRs`) or equal to one of this node's own addresses is "
+        "refused with a warning naming the Service",
         "tests/unit/test_tenants.py::"
         "test_tenant_addresses_inside_the_service_range_or_the_nodes_are_refused",
         _tenant_address),
