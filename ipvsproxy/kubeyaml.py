@@ -12,20 +12,21 @@ its lines), that subset takes ~0.45 s at 10,000 services, ~3.4x the JSON time, e
 `sync --once` reads it, with the cyclic collector off (bench/host_bench.py).
 
 This module and kubeyaml_scalars.py own that reader and nothing else. `load_all(text)` returns
-exactly what `list(yaml.load_all(text, Loader=yaml.CSafeLoader))` returns -- same types, same
-strings -- or None when the text holds anything outside the subset; the caller then reads the
-whole text with CSafeLoader. It never guesses: a line it does not fully recognise sends the
-whole text back. This module reads the structure: the screening of the whole text, each line's
-shape, collections by indentation, documents, and scalars that go on over several lines;
-kubeyaml_scalars.py says what one scalar's text means (types as CSafeLoader resolves them,
+exactly what `list(yaml.load_all(text, Loader=KubectlLoader))` returns -- libyaml's loader
+with kubectl's reading of a few plain scalars (ipvsproxy/kubectl_yaml.py); same types, same
+strings -- or None when the text holds anything outside the subset; the caller then reads
+the whole text with KubectlLoader. It never guesses: a line it does not fully recognise sends
+the whole text back. This module reads the structure: the screening of the whole text, each
+line's shape, collections by indentation, documents, and scalars that go on over several lines;
+kubeyaml_scalars.py says what one scalar's text means (types as KubectlLoader reads them,
 quoting and escapes). Read here: block mappings and sequences (a sequence under a key at the
 key's own column or indented, `- - ` for one in another), plain, single- and double-quoted
 scalars over one line or several (as PyYAML and go-yaml fold long strings), `|` and `>` blocks
 with `-`/`+` chomping, `{}`, `[]`, blank lines, `---`. Sent back, among others: comments,
 anchors, aliases, tags, directives, `...`, flow collections other than `{}` and `[]`, `?` keys,
-a bare `-`, a value on the line after its key, tabs, CR, control characters, a byte-order mark,
-trailing spaces, a block scalar with an indentation indicator or no content, a quoted key
-containing ': ', keys of 1,000 characters or more, and any text CSafeLoader rejects.
+a bare `-`, a `<<` key, a value on the line after its key, tabs, CR, control characters, a
+byte-order mark, trailing spaces, a block scalar with an indentation indicator or no content, a
+quoted key containing ': ', keys of 1,000 characters or more, and any text the loader rejects.
 """
 
 from __future__ import annotations
@@ -61,8 +62,8 @@ _UNUSUAL = re.compile("[^\n\x20-\x7e\xa0-\u2027\u202a-\ud7ff\ue000-\ufefe\uff00-
 
 
 def load_all(text: str) -> list[Any] | None:
-    """The documents of `text`, equal to `list(yaml.load_all(text, Loader=yaml.CSafeLoader))`;
-    None when `text` is outside the subset this module reads (then use CSafeLoader)."""
+    """The documents of `text`, equal to `list(yaml.load_all(text, Loader=KubectlLoader))`;
+    None when `text` is outside the subset this module reads (then use KubectlLoader)."""
     # Screening the whole text at C speed rules out what no line of the subset holds:
     # trailing spaces, and the characters above (tabs and CRs among them).
     if " \n" in text or text.endswith(" "):
@@ -321,6 +322,7 @@ def _read(text: str) -> list[Any]:
     prev = ""  # the line before, and a '\n' for each empty line since
     after: str | None = None  # a line handed back by a scalar over several lines
     it = iter(lines)
+
     for line in it:
         while True:  # once per line; again for a line handed back
             a = known(line)

@@ -7,7 +7,8 @@ dump.yaml` happens), and read with the json module, also as a stream of concaten
 YAML goes first to ipvsproxy.kubeyaml, which reads the regular subset kubectl writes at a few
 times the JSON time and gives exactly what libyaml's loader would (issue 22: libyaml's loader
 takes 50-100x the JSON time); a file outside that subset (comments, anchors, flow style ...) is
-read with libyaml's loader (`yaml.CSafeLoader`, which PyYAML's wheels carry). PyYAML's
+read with libyaml's loader (`yaml.CSafeLoader`, which PyYAML's wheels carry), each as kubectl
+means it (ipvsproxy/kubectl_yaml.py: `note: =`, an unquoted timestamp, are strings). PyYAML's
 pure-Python loader takes ~10x as long again (12.4 s against 1.5 s for 2,000 services x 10
 endpoints), so without libyaml a large file outside the subset gets a warning that says why it
 is slow.
@@ -53,19 +54,18 @@ def _yaml_documents(text: str, name: str) -> list[Any]:
     import yaml
 
     from ipvsproxy import kubeyaml
+    from ipvsproxy.kubectl_yaml import KubectlLoader, KubectlPyLoader
 
     docs = kubeyaml.load_all(text)
     if docs is not None:
         return [d for d in docs if d is not None]
-    loader = getattr(yaml, "CSafeLoader", None)
-    if loader is None:
-        loader = yaml.SafeLoader
-        if len(text) >= SLOW_YAML_BYTES:
-            print(f"warning: {name}: PyYAML has no libyaml here, so this YAML is read with its "
-                  "pure-Python loader (about 10x slower; JSON is read fast)", file=sys.stderr)
+    loader = KubectlLoader if hasattr(yaml, "CSafeLoader") else KubectlPyLoader
+    if loader is KubectlPyLoader and len(text) >= SLOW_YAML_BYTES:
+        print(f"warning: {name}: PyYAML has no libyaml here, so this YAML is read with its "
+              "pure-Python loader (about 10x slower; JSON is read fast)", file=sys.stderr)
     try:
         return [d for d in yaml.load_all(text, Loader=loader) if d is not None]
-    except (yaml.YAMLError, ValueError) as exc:  # ValueError: a timestamp like 2026-13-45
+    except (yaml.YAMLError, ValueError) as exc:
         raise ManifestError(f"{name}: invalid YAML: {exc}") from None
 
 
