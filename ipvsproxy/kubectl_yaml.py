@@ -1,6 +1,6 @@
 """What kubectl means by a YAML text, for the two readers of manifests (manifests.py's libyaml
 path and kubeyaml.py's fast one): libyaml's safe loader (`yaml.CSafeLoader`), except where
-kubectl reads a scalar otherwise.
+kubectl reads a scalar otherwise, and a bound on nesting.
 
 kubectl writes YAML with sigs.k8s.io/yaml (go-yaml v2), which writes a string plain whenever
 go-yaml's own resolver reads it back as a string, and reads YAML with it too, into plain Go
@@ -15,6 +15,10 @@ reads each of those as its text, as kubectl does, and a `<<` key as the merge ke
 it can be one (its value a mapping, or a sequence of mappings, as go-yaml merges it); else as
 the string. Everything else is read as libyaml's loader reads it.
 
+Nesting: libyaml's loader composes nodes by recursion in C, and a text nested 30,000 levels
+deep ends the process (SIGSEGV; issue 32, item 11); the pure-Python loader raises
+RecursionError. `too_deep` finds a text nested more than MAX_DEPTH levels without recursing,
+far above any Kubernetes object (they nest a few dozen levels at most).
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ from typing import Any
 import yaml
 from yaml.constructor import SafeConstructor
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
+
+MAX_DEPTH = 1000  # collections inside collections, the document's own counted
 
 _STR = "tag:yaml.org,2002:str"
 _MERGE = "tag:yaml.org,2002:merge"
@@ -104,3 +110,29 @@ KubectlLoader: Any = _loader_class(getattr(yaml, "CSafeLoader", None) or yaml.Sa
 KubectlLoader.__name__ = KubectlLoader.__qualname__ = "KubectlLoader"
 KubectlPyLoader: Any = _loader_class(yaml.SafeLoader)  # the same, pure Python (and the tests)
 KubectlPyLoader.__name__ = KubectlPyLoader.__qualname__ = "KubectlPyLoader"
+
+_OPEN = (yaml.MappingStartEvent, yaml.SequenceStartEvent)
+_CLOSE = (yaml.MappingEndEvent, yaml.SequenceEndEvent)
+
+
+def too_deep(text: str, limit: int = MAX_DEPTH) -> bool:
+    """Whether `text` nests collections more than `limit` deep. A bound first, at C speed:
+    block collections need more indentation at least every second level, so their depth is
+    at most twice the longest line, and each flow collection needs its own `[` or `{`. Only
+    where that bound is over the limit are the parser's events counted (a quarter of the
+    load's time; libyaml's parser does not recurse)."""
+    longest = max(map(len, text.split("\n")), default=0)
+    if 2 * longest + 2 + text.count("[") + text.count("{") <= limit:
+        return False
+    depth = 0
+    try:
+        for event in yaml.parse(text, Loader=KubectlLoader):
+            if isinstance(event, _OPEN):
+                depth += 1
+                if depth > limit:
+                    return True
+            elif isinstance(event, _CLOSE):
+                depth -= 1
+    except yaml.YAMLError:
+        return False  # invalid anyway: the loader says where
+    return False

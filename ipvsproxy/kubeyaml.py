@@ -24,7 +24,8 @@ key's own column or indented, `- - ` for one in another), plain, single- and dou
 scalars over one line or several (as PyYAML and go-yaml fold long strings), `|` and `>` blocks
 with `-`/`+` chomping, `{}`, `[]`, blank lines, `---`. Sent back, among others: comments,
 anchors, aliases, tags, directives, `...`, flow collections other than `{}` and `[]`, `?` keys,
-a bare `-`, a `<<` key, a value on the line after its key, tabs, CR, control characters, a
+a bare `-`, a `<<` key, a line indented more than 497 columns (which could nest deeper than
+kubectl_yaml.MAX_DEPTH), a value on the line after its key, tabs, CR, control characters, a
 byte-order mark, trailing spaces, a block scalar with an indentation indicator or no content, a
 quoted key containing ': ', keys of 1,000 characters or more, and any text the loader rejects.
 """
@@ -35,6 +36,7 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
+from ipvsproxy.kubectl_yaml import MAX_DEPTH
 from ipvsproxy.kubeyaml_scalars import (
     _BLOCK_HEADERS,
     _DOUBLE_PART,
@@ -240,6 +242,10 @@ def _plain_goes_on(prev: str, parent: int, line: str, lines: Iterator[str],
 # dict or list), or a value that goes on below, a block scalar or quotes not closed (the op
 # carries the text that opens it). BLANK, DOC (`---`) and MORE (plain text that can only go
 # on with a scalar from the lines above) are lines of their own.
+# Each collection opened in another is at a greater position (below), so no line indented
+# less than this nests deeper than MAX_DEPTH; one indented more goes to the loader, which
+# counts (kubectl_yaml.too_deep).
+_MAX_COLUMN = MAX_DEPTH // 2 - 3
 KV, KEY, ITEM, ITEM_KV, ITEM_KEY, NEST, MAKE, BLANK, DOC, MORE = 0, 1, 2, 3, 4, 5, 8, 16, 17, 18
 _BLANK = (0, BLANK, None, None)
 _DOC = (0, DOC, None, None)
@@ -255,6 +261,8 @@ def _analyse(line: str, scalars: _Scalars) -> tuple[int, int, Any, Any]:
     i = len(line) - len(s)
     if not i and line == "---":
         return _DOC
+    if i > _MAX_COLUMN:
+        raise _Outside
     item = s[:2] == "- "
     if item:
         pos = 2 * i + 1

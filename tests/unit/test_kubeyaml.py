@@ -599,7 +599,7 @@ HANDED_BACK = [
     "a: '''\n", "a: 'x' y\n", "%YAML 1.1\n---\na: 1\n", "a: [\n", "? a\n: b\n", "a: @x\n",
     "a: `x\n", "a: %x\n", "a: ,x\n", "a: |\n    x\n  y\n", "a:\n-b\n",
     "a:\tb\n", "a: b\r\n", "a: b \n", "a: b ", "a: \x85\n", "a: \u2028\n", "a: \x07\n",
-    "a: 1\n- b: 2\n", "a: >2\n   x\n", "- -\n", "-\n",
+    "a: 1\n- b: 2\n", "a: >2\n   x\n", "- -\n", "-\n", " " * 498 + "a: 1\n",
 ]
 
 
