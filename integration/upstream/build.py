@@ -50,13 +50,18 @@ def _go() -> str:
     return go
 
 
-def cache_key() -> str:
+def _digest(files: tuple[str, ...]) -> str:
+    """12 hex digits of a hash over these files (names and contents) and the Go version."""
     h = hashlib.sha256()
-    for name in KEYED_FILES:
+    for name in files:
         h.update(name.encode() + b"\0" + (HERE / name).read_bytes() + b"\0")
     h.update(subprocess.run([_go(), "env", "GOVERSION"], capture_output=True, text=True,
                             check=True).stdout.encode())
-    return f"{kubernetes_version()}-{h.hexdigest()[:12]}"
+    return h.hexdigest()[:12]
+
+
+def cache_key() -> str:
+    return f"{kubernetes_version()}-{_digest(KEYED_FILES)}"
 
 
 def bin_dir() -> Path:
@@ -107,12 +112,7 @@ EMITTER_FILES = ("go.mod", "go.sum", "kubectlyaml/main.go")
 
 def kubectl_yaml() -> Path:
     """The path of the kubectl-yaml binary, built once into CACHE/kubectl-yaml-<hash>/."""
-    h = hashlib.sha256()
-    for name in EMITTER_FILES:
-        h.update(name.encode() + b"\0" + (HERE / name).read_bytes() + b"\0")
-    h.update(subprocess.run([_go(), "env", "GOVERSION"], capture_output=True, text=True,
-                            check=True).stdout.encode())
-    final = CACHE / f"kubectl-yaml-{h.hexdigest()[:12]}"
+    final = CACHE / f"kubectl-yaml-{_digest(EMITTER_FILES)}"
     binary = final / "kubectl-yaml"
     if binary.exists():
         return binary
