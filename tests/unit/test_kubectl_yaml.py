@@ -160,12 +160,18 @@ def generated(rng: random.Random) -> dict[str, Any]:
 # --- reading -------------------------------------------------------------------------------
 
 
-def test_kubectls_yaml_of_generated_objects_reads_as_their_json() -> None:
-    """Each object alone, as `kubectl get KIND NAME -o yaml` writes it, by both readers."""
-    binary = build.kubectl_yaml()
+@pytest.fixture(scope="module")
+def written(kubectl_yaml: Path) -> tuple[list[Any], list[str]]:
+    """The generated objects, and each as `kubectl get KIND NAME -o yaml` writes it."""
     rng = random.Random(SEED)
     objs = [generated(rng) for _ in range(OBJECTS)]
-    texts = kubectl_get_o_yaml(binary, objs)
+    return objs, kubectl_get_o_yaml(kubectl_yaml, objs)
+
+
+def test_kubectls_yaml_of_generated_objects_reads_as_their_json(
+        written: tuple[list[Any], list[str]]) -> None:
+    """Each object alone, by both readers."""
+    objs, texts = written
     fast = outside = 0
     wrong: list[str] = []
     for obj, text in zip(objs, texts, strict=True):
@@ -188,13 +194,11 @@ def test_kubectls_yaml_of_generated_objects_reads_as_their_json() -> None:
     assert outside == len(objs)
 
 
-def test_the_strings_that_were_refused_are_among_them() -> None:
+def test_the_strings_that_were_refused_are_among_them(
+        written: tuple[list[Any], list[str]]) -> None:
     """The generated objects hold what the issue found refused (`=` and `<<` as values), and
     what YAML 1.1 reads as another type though kubectl writes it unquoted."""
-    binary = build.kubectl_yaml()
-    rng = random.Random(SEED)
-    objs = [generated(rng) for _ in range(OBJECTS)]
-    texts = kubectl_get_o_yaml(binary, objs)
+    objs, texts = written
     plain = {v for t in texts for line in t.splitlines()
              if (v := line.partition(": ")[2]) in ("=", "<<")}
     assert plain == {"=", "<<"}
@@ -211,13 +215,13 @@ def test_the_strings_that_were_refused_are_among_them() -> None:
     assert stock > 0.05 * len(objs)  # libyaml's loader alone misreads or refuses these
 
 
-def test_sync_from_file_of_kubectls_yaml_dump_is_that_of_its_json(tmp_path: Path) -> None:
+def test_sync_from_file_of_kubectls_yaml_dump_is_that_of_its_json(
+        tmp_path: Path, kubectl_yaml: Path) -> None:
     """`ipvsproxy sync --once --from-file DUMP -o json`, a new process, of a `kubectl get
     services,endpointslices,nodes -A -o yaml` dump whose annotations hold `=`, `<<` and
     unquoted dates: the same desired state and the same warnings as from the JSON dump."""
     from bench.cluster_gen import generate
 
-    binary = build.kubectl_yaml()
     rng = random.Random(SEED)
     items = generate(200, 3)
     for i, o in enumerate(items):
@@ -229,7 +233,7 @@ def test_sync_from_file_of_kubectls_yaml_dump_is_that_of_its_json(tmp_path: Path
             "n": str(i)}
     dump = {"apiVersion": "v1", "kind": "List", "items": items,
             "metadata": {"resourceVersion": ""}}
-    (yaml_text,) = kubectl_get_o_yaml(binary, [dump])
+    (yaml_text,) = kubectl_get_o_yaml(kubectl_yaml, [dump])
     assert "\n      note: =\n" in yaml_text and "\n      note: <<\n" in yaml_text
     (tmp_path / "dump.yaml").write_text(yaml_text)
     (tmp_path / "dump.json").write_text(json.dumps(dump, indent=4))
