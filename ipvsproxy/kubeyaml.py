@@ -12,20 +12,22 @@ its lines), that subset takes ~0.45 s at 10,000 services, ~3.4x the JSON time, e
 `sync --once` reads it, with the cyclic collector off (bench/host_bench.py).
 
 This module and kubeyaml_scalars.py own that reader and nothing else. `load_all(text)` returns
-exactly what `list(yaml.load_all(text, Loader=yaml.CSafeLoader))` returns -- same types, same
-strings -- or None when the text holds anything outside the subset; the caller then reads the
-whole text with CSafeLoader. It never guesses: a line it does not fully recognise sends the
-whole text back. This module reads the structure: the screening of the whole text, each line's
-shape, collections by indentation, documents, and scalars that go on over several lines;
-kubeyaml_scalars.py says what one scalar's text means (types as CSafeLoader resolves them,
+exactly what `list(yaml.load_all(text, Loader=KubectlLoader))` returns -- libyaml's loader
+with kubectl's reading of a few plain scalars (ipvsproxy/kubectl_yaml.py); same types, same
+strings -- or None when the text holds anything outside the subset; the caller then reads
+the whole text with KubectlLoader. It never guesses: a line it does not fully recognise sends
+the whole text back. This module reads the structure: the screening of the whole text, each
+line's shape, collections by indentation, documents, and scalars that go on over several lines;
+kubeyaml_scalars.py says what one scalar's text means (types as KubectlLoader reads them,
 quoting and escapes). Read here: block mappings and sequences (a sequence under a key at the
 key's own column or indented, `- - ` for one in another), plain, single- and double-quoted
 scalars over one line or several (as PyYAML and go-yaml fold long strings), `|` and `>` blocks
 with `-`/`+` chomping, `{}`, `[]`, blank lines, `---`. Sent back, among others: comments,
 anchors, aliases, tags, directives, `...`, flow collections other than `{}` and `[]`, `?` keys,
-a bare `-`, a value on the line after its key, tabs, CR, control characters, a byte-order mark,
-trailing spaces, a block scalar with an indentation indicator or no content, a quoted key
-containing ': ', keys of 1,000 characters or more, and any text CSafeLoader rejects.
+a bare `-`, a `<<` key, a line indented more than 497 columns (which could nest deeper than
+kubectl_yaml.MAX_DEPTH), a value on the line after its key, tabs, CR, control characters, a
+byte-order mark, trailing spaces, a block scalar with an indentation indicator or no content, a
+quoted key containing ': ', keys of 1,000 characters or more, and any text the loader rejects.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
+from ipvsproxy.kubectl_yaml import MAX_DEPTH
 from ipvsproxy.kubeyaml_scalars import (
     _BLOCK_HEADERS,
     _DOUBLE_PART,
@@ -61,8 +64,8 @@ _UNUSUAL = re.compile("[^\n\x20-\x7e\xa0-\u2027\u202a-\ud7ff\ue000-\ufefe\uff00-
 
 
 def load_all(text: str) -> list[Any] | None:
-    """The documents of `text`, equal to `list(yaml.load_all(text, Loader=yaml.CSafeLoader))`;
-    None when `text` is outside the subset this module reads (then use CSafeLoader)."""
+    """The documents of `text`, equal to `list(yaml.load_all(text, Loader=KubectlLoader))`;
+    None when `text` is outside the subset this module reads (then use KubectlLoader)."""
     # Screening the whole text at C speed rules out what no line of the subset holds:
     # trailing spaces, and the characters above (tabs and CRs among them).
     if " \n" in text or text.endswith(" "):
@@ -239,6 +242,10 @@ def _plain_goes_on(prev: str, parent: int, line: str, lines: Iterator[str],
 # dict or list), or a value that goes on below, a block scalar or quotes not closed (the op
 # carries the text that opens it). BLANK, DOC (`---`) and MORE (plain text that can only go
 # on with a scalar from the lines above) are lines of their own.
+# Each collection opened in another is at a greater position (below), so no line indented
+# less than this nests deeper than MAX_DEPTH; one indented more goes to the loader, which
+# counts (kubectl_yaml.too_deep).
+_MAX_COLUMN = MAX_DEPTH // 2 - 3
 KV, KEY, ITEM, ITEM_KV, ITEM_KEY, NEST, MAKE, BLANK, DOC, MORE = 0, 1, 2, 3, 4, 5, 8, 16, 17, 18
 _BLANK = (0, BLANK, None, None)
 _DOC = (0, DOC, None, None)
@@ -254,6 +261,8 @@ def _analyse(line: str, scalars: _Scalars) -> tuple[int, int, Any, Any]:
     i = len(line) - len(s)
     if not i and line == "---":
         return _DOC
+    if i > _MAX_COLUMN:
+        raise _Outside
     item = s[:2] == "- "
     if item:
         pos = 2 * i + 1
@@ -321,6 +330,7 @@ def _read(text: str) -> list[Any]:
     prev = ""  # the line before, and a '\n' for each empty line since
     after: str | None = None  # a line handed back by a scalar over several lines
     it = iter(lines)
+
     for line in it:
         while True:  # once per line; again for a line handed back
             a = known(line)

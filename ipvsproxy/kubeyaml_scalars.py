@@ -4,16 +4,17 @@ open a block scalar, each distinct text worked out once (_Scalars); and the quot
 (escapes, what a line of a quoted scalar may hold) that kubeyaml.py's readers of scalars over
 several lines use too. Lines, indentation and collections are kubeyaml.py's.
 
-What a plain scalar means (str, int, bool, null, float, timestamp) is decided by PyYAML's
-resolver table and constructors, the ones CSafeLoader uses, so `0x1F`, `1_000`, `yes`,
-`0755`, `.inf` or `2026-01-01` come out exactly as CSafeLoader makes them. A program that
-registers other constructors or path resolvers on CSafeLoader gets every text sent back.
-Where PyYAML lacks libyaml, the same holds of its pure-Python SafeLoader, which reads the
-subset alike (the tests compare with both).
+What a plain scalar means (str, int, bool, null, float) is decided by PyYAML's resolver
+table and KubectlLoader's constructors (ipvsproxy/kubectl_yaml.py: CSafeLoader's, except
+where kubectl reads a string), so `0x1F`, `1_000`, `yes`, `0755`, `.inf`, `=` or
+`2026-01-01` come out exactly as KubectlLoader makes them. A program that registers other
+constructors or path resolvers on KubectlLoader gets every text sent back. Where PyYAML lacks
+libyaml, the same holds of its pure-Python loader, which reads the subset alike (the tests
+compare with both).
 
 The names keep their leading underscore: they are kubeyaml.py's internals, kept in a file of
 their own so that each file has one job, and used nowhere else. Raising _Outside anywhere sends
-the whole text back to CSafeLoader.
+the whole text back to KubectlLoader.
 """
 
 from __future__ import annotations
@@ -22,20 +23,16 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-import yaml
 from yaml.constructor import SafeConstructor
 from yaml.nodes import ScalarNode
 
+from ipvsproxy.kubectl_yaml import SCALAR_CONSTRUCTORS, KubectlLoader
+
 _STR = "tag:yaml.org,2002:str"
-# The types a plain scalar may resolve to, and the constructor CSafeLoader uses for each.
-# Others (merge `<<`, value `=`, yaml `!`) send the text back: CSafeLoader merges or fails.
-_CONSTRUCTORS: dict[str, Callable[..., Any]] = {
-    "tag:yaml.org,2002:null": SafeConstructor.construct_yaml_null,
-    "tag:yaml.org,2002:bool": SafeConstructor.construct_yaml_bool,
-    "tag:yaml.org,2002:int": SafeConstructor.construct_yaml_int,
-    "tag:yaml.org,2002:float": SafeConstructor.construct_yaml_float,
-    "tag:yaml.org,2002:timestamp": SafeConstructor.construct_yaml_timestamp,
-}
+# The types a plain scalar may resolve to, and the constructor KubectlLoader uses for each
+# (kubectl's reading: timestamps, `=` and a `<<` value as their text, ...). A `<<` key sends
+# the text back: the loader merges, or not (kubectl_yaml.py); so does a tag outside this table.
+_CONSTRUCTORS: dict[str, Callable[..., Any]] = dict(SCALAR_CONSTRUCTORS)
 _STOCK_CONSTRUCTORS = {
     **_CONSTRUCTORS,
     _STR: SafeConstructor.construct_yaml_str,
@@ -89,9 +86,10 @@ class _Outside(Exception):
 
 
 def _loader() -> Any:
-    """The loader whose reading kubeyaml.py reproduces: libyaml's, or PyYAML's pure-Python
-    one where PyYAML was built without libyaml (both read the subset alike)."""
-    return getattr(yaml, "CSafeLoader", None) or yaml.SafeLoader
+    """The loader whose reading kubeyaml.py reproduces: KubectlLoader, libyaml's with
+    kubectl's scalars (PyYAML's pure-Python one where PyYAML was built without libyaml; both
+    read the subset alike)."""
+    return KubectlLoader
 
 
 def _stock() -> bool:
@@ -169,7 +167,7 @@ def _constructed(tag: str, text: str) -> Any:
         raise _Outside
     try:
         return construct(_CONSTRUCTOR, ScalarNode(tag, text))
-    except ValueError:  # 2026-13-45: CSafeLoader fails, and says how
+    except ValueError:  # the loader fails, and says how
         raise _Outside from None
 
 
@@ -250,8 +248,8 @@ class _Scalars:
             k = _quoted(raw)  # a quoted key with ': ' inside is cut short here: sent back
             if k is None:
                 raise _Outside
-        elif raw in ("{}", "[]") or raw in _BLOCK_HEADERS:
-            raise _Outside
+        elif raw in ("{}", "[]") or raw in _BLOCK_HEADERS or raw == "<<":
+            raise _Outside  # `<<`: the merge key, or not, as its value tells (the loader)
         else:
             _plain_first_line(raw)
             k = self.resolved(raw)

@@ -7,10 +7,16 @@ dump.yaml` happens), and read with the json module, also as a stream of concaten
 YAML goes first to ipvsproxy.kubeyaml, which reads the regular subset kubectl writes at a few
 times the JSON time and gives exactly what libyaml's loader would (issue 22: libyaml's loader
 takes 50-100x the JSON time); a file outside that subset (comments, anchors, flow style ...) is
-read with libyaml's loader (`yaml.CSafeLoader`, which PyYAML's wheels carry). PyYAML's
+read with libyaml's loader (`yaml.CSafeLoader`, which PyYAML's wheels carry), each as kubectl
+means it (ipvsproxy/kubectl_yaml.py: `note: =`, an unquoted timestamp, are strings). PyYAML's
 pure-Python loader takes ~10x as long again (12.4 s against 1.5 s for 2,000 services x 10
 endpoints), so without libyaml a large file outside the subset gets a warning that says why it
 is slow.
+
+Text nested deeper than any Kubernetes object (kubectl_yaml.MAX_DEPTH, 1,000 levels, for
+YAML; the json module's own bound, the interpreter's recursion limit, for JSON) is refused
+with a message naming the file: libyaml's loader would end the process (issue 32, item 11).
+In a directory, a file that cannot be read is reported and the others are read.
 """
 
 from __future__ import annotations
@@ -49,24 +55,37 @@ def _json_documents(text: str) -> list[Any]:
             docs.append(doc)
 
 
+def _too_deep(name: str, what: str) -> ManifestError:
+    from ipvsproxy.kubectl_yaml import MAX_DEPTH
+
+    depth = (f"more than {MAX_DEPTH:,} levels deep" if what == "YAML" else
+             "deeper than the json module reads (about 1,000 levels)")
+    return ManifestError(f"{name}: refused: {what} nested {depth}; no Kubernetes object "
+                         "nests more than a few dozen")
+
+
 def _yaml_documents(text: str, name: str) -> list[Any]:
     import yaml
 
     from ipvsproxy import kubeyaml
+    from ipvsproxy.kubectl_yaml import KubectlLoader, KubectlPyLoader, too_deep
 
     docs = kubeyaml.load_all(text)
     if docs is not None:
         return [d for d in docs if d is not None]
-    loader = getattr(yaml, "CSafeLoader", None)
-    if loader is None:
-        loader = yaml.SafeLoader
-        if len(text) >= SLOW_YAML_BYTES:
-            print(f"warning: {name}: PyYAML has no libyaml here, so this YAML is read with its "
-                  "pure-Python loader (about 10x slower; JSON is read fast)", file=sys.stderr)
+    loader = KubectlLoader if hasattr(yaml, "CSafeLoader") else KubectlPyLoader
+    if loader is KubectlPyLoader and len(text) >= SLOW_YAML_BYTES:
+        print(f"warning: {name}: PyYAML has no libyaml here, so this YAML is read with its "
+              "pure-Python loader (about 10x slower; JSON is read fast)", file=sys.stderr)
+    # libyaml's loader recurses in C as deep as the text nests: 30,000 levels end the process
+    if too_deep(text):
+        raise _too_deep(name, "YAML")
     try:
         return [d for d in yaml.load_all(text, Loader=loader) if d is not None]
-    except (yaml.YAMLError, ValueError) as exc:  # ValueError: a timestamp like 2026-13-45
+    except (yaml.YAMLError, ValueError) as exc:
         raise ManifestError(f"{name}: invalid YAML: {exc}") from None
+    except RecursionError:  # the pure-Python loader, short of the bound
+        raise _too_deep(name, "YAML") from None
 
 
 def parse(text: str, name: str) -> list[Any]:
@@ -74,6 +93,8 @@ def parse(text: str, name: str) -> list[Any]:
     if text.lstrip()[:1] in ("{", "["):
         try:
             return _json_documents(text)
+        except RecursionError:  # the json module's bound: the interpreter's, ~1,000 levels
+            raise _too_deep(name, "JSON") from None
         except json.JSONDecodeError as exc:
             if name.endswith(".json"):
                 raise ManifestError(f"{name}: invalid JSON: {exc}") from None
@@ -96,8 +117,16 @@ def load_objects(path: str) -> list[Any]:
         return parse(sys.stdin.read(), "<stdin>")
     p = Path(path)
     if p.is_dir():
+        # a file that cannot be read costs its own objects only, as an invalid object does
         files = sorted(f for f in p.rglob("*") if f.suffix in SUFFIXES and f.is_file())
-        return [d for f in files for d in _load(f)]
+        out: list[Any] = []
+        for f in files:
+            try:
+                out += _load(f)
+            except ManifestError as exc:
+                print(f"warning: {exc}; its objects are left out, the other files are read",
+                      file=sys.stderr)
+        return out
     if not p.exists():
         raise ManifestError(f"{path}: no such file or directory")
     return _load(p)

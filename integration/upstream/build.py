@@ -5,9 +5,10 @@ from the Go module proxy with the go.mod beside this file, into
 ``~/.cache/ipvsproxy-upstream/<key>/`` where the key hashes go.mod, go.sum, etcd/main.go and the
 Go version: a second ``make setup`` finds them and builds nothing; a new pin builds anew. These
 binaries are for the tests only (the real control plane and the reference kube-proxy); nothing
-of the product is Go.
+of the product is Go. Beside them, kubectl's YAML writer for the reader's tests (kubectl_yaml).
 
-    python -m integration.upstream.build            # build if missing; print the bin folder
+    python -m integration.upstream.build            # build if missing (and kubectl_yaml's);
+                                                    # print the bin folder
     python -m integration.upstream.build --print    # print the folder, fail if not built
 """
 
@@ -49,13 +50,18 @@ def _go() -> str:
     return go
 
 
-def cache_key() -> str:
+def _digest(files: tuple[str, ...]) -> str:
+    """12 hex digits of a hash over these files (names and contents) and the Go version."""
     h = hashlib.sha256()
-    for name in KEYED_FILES:
+    for name in files:
         h.update(name.encode() + b"\0" + (HERE / name).read_bytes() + b"\0")
     h.update(subprocess.run([_go(), "env", "GOVERSION"], capture_output=True, text=True,
                             check=True).stdout.encode())
-    return f"{kubernetes_version()}-{h.hexdigest()[:12]}"
+    return h.hexdigest()[:12]
+
+
+def cache_key() -> str:
+    return f"{kubernetes_version()}-{_digest(KEYED_FILES)}"
 
 
 def bin_dir() -> Path:
@@ -98,6 +104,30 @@ def build() -> Path:
     return final
 
 
+# kubectl's YAML writer (kubectlyaml/main.go: sigs.k8s.io/yaml at the version k8s.io/kubernetes
+# requires, so go.mod and go.sum pin it), for the tests of ipvsproxy's YAML reader. Small, so
+# it has a cache folder of its own: building it never makes the binaries above build again.
+EMITTER_FILES = ("go.mod", "go.sum", "kubectlyaml/main.go")
+
+
+def kubectl_yaml() -> Path:
+    """The path of the kubectl-yaml binary, built once into CACHE/kubectl-yaml-<hash>/."""
+    final = CACHE / f"kubectl-yaml-{_digest(EMITTER_FILES)}"
+    binary = final / "kubectl-yaml"
+    if binary.exists():
+        return binary
+    work = final.with_name(final.name + ".partial")
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    # -mod=readonly: the module graph is go.mod's as it is (the package needs no new pin)
+    env = dict(os.environ, CGO_ENABLED="0", GOFLAGS="-mod=readonly")
+    subprocess.run([_go(), "build", "-trimpath", "-ldflags", "-s -w", "-o",
+                    str(work / "kubectl-yaml"), "./kubectlyaml"], cwd=HERE, env=env, check=True)
+    shutil.rmtree(final, ignore_errors=True)
+    work.rename(final)
+    return binary
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--print", action="store_true",
@@ -115,6 +145,7 @@ def main(argv: list[str] | None = None) -> int:
         d = build()
         if fresh:
             print(f"upstream binaries built in {time.monotonic() - t:.0f} s: {d}", file=sys.stderr)
+        kubectl_yaml()
     print(d)
     return 0
 

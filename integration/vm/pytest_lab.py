@@ -25,6 +25,10 @@ from typing import Any, Literal
 import pytest
 
 IN_LAB = os.environ.get("IPVSPROXY_IN_LAB") == "1"
+# Environment variables the guest's pytest gets from the host's (the guest's command starts
+# with a clean environment): the differential cluster's seed, chosen on the host at collection
+# (tests/kernel/test_differential.py), so the host and the guest name the same one.
+FORWARDED_ENV = frozenset({"IPVSPROXY_DIFF_SEED"})
 _STATE_KEY = pytest.StashKey[dict[str, Any]]()
 
 
@@ -143,6 +147,10 @@ def _run_lab(config: pytest.Config) -> None:
             f"{shlex.quote(sys.executable)} -m pytest -p no:cacheprovider -q -o addopts= "
             f"--lab-report={shlex.quote(str(report))} -m kernel @{shlex.quote(str(argsfile))}"
         )
+        # what the host's tests chose for the guest's (a test module sets them when imported)
+        for name in sorted(FORWARDED_ENV):
+            if name in os.environ:
+                cmd = f"{name}={shlex.quote(os.environ[name])} {cmd}"
         if control is not None:  # the guest finds the host's control plane in its folder
             info = tmp / "controlplane.json"
             info.write_text(json.dumps(control[2]))

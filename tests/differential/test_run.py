@@ -5,11 +5,12 @@ ask for (tests/differential/run.py)."""
 from __future__ import annotations
 
 import json
+from ipaddress import ip_address, ip_network
 from pathlib import Path
 from typing import Any
 
 from ipvsproxy import kpconfig
-from tests.differential import proxies, run
+from tests.differential import proxies, run, snapshot
 from tests.differential.cluster import LABEL_PROXY_NAME, Params
 
 LAST = "kubeproxy_sync_proxy_rules_last_timestamp_seconds"
@@ -80,3 +81,33 @@ def test_cluster_ip_frontends_of_the_api_objects() -> None:
     assert may == must | {"TCP 10.96.7.7:80", "TCP 203.0.113.5:80"}
     assert run._in_service_ranges("TCP 10.96.7.7:80", Params())
     assert not run._in_service_ranges("TCP 203.0.113.5:80", Params())
+
+
+def test_the_sentinel_has_a_stage_a_family_and_names_what_the_kernel_will_show() -> None:
+    """Two stages (the second, a second endpoint a slice, is read only by a sync that began
+    after the first stage's sync finished), each with a real server in each family, named as
+    snapshot.parse_ipvs names the dump's; and the sentinel's addresses are out of the
+    generator's way (it allocates clusterIPs below offset 60,000)."""
+    p = Params()
+    s = run._sentinel(p, 9002)
+    assert [c.op for c in s.first] == ["create"] * 3 and [c.op for c in s.second] == \
+        ["replace"] * 2
+    svc = s.first[0].obj
+    assert svc["spec"]["clusterIPs"] == ["10.96.255.202", "fd00:96::ffca"]
+    assert {sl.obj["addressType"] for sl in s.first[1:]} == {"IPv4", "IPv6"}
+    assert [c.obj["metadata"]["name"] for c in s.second] == \
+        [c.obj["metadata"]["name"] for c in s.first[1:]]
+    dump = ("-A -t 10.96.255.202:7777 -s rr\n"
+            "-a -t 10.96.255.202:7777 -r 10.244.9.9:7777 -m -w 1\n"
+            "-a -t 10.96.255.202:7777 -r 10.244.9.10:7777 -m -w 1\n"
+            "-A -t [fd00:96::ffca]:7777 -s rr\n"
+            "-a -t [fd00:96::ffca]:7777 -r [fd00:244::9:9]:7777 -m -w 1\n"
+            "-a -t [fd00:96::ffca]:7777 -r [fd00:244::9:10]:7777 -m -w 1\n")
+    dests = set(snapshot.parse_ipvs(dump)[1])
+    assert s.first_dests | s.second_dests == dests and not s.first_dests & s.second_dests
+    assert len(s.first_dests) == len(s.second_dests) == 2
+    for n in range(50):
+        for ip in run._sentinel(p, n).first[0].obj["spec"]["clusterIPs"]:
+            assert run._in_service_ranges(f"TCP {snapshot._hostport(ip + ':1')}", p)
+            net = ip_network(p.service_cidrs[0 if "." in ip else 1])
+            assert int(ip_address(ip)) - int(net.network_address) > 60000

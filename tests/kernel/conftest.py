@@ -30,3 +30,13 @@ def clean_ipvs(ipvs_modules: None) -> Iterator[None]:
     sh("ipvsadm -C")
     yield
     sh("ipvsadm -C")
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """The seed of the differential cluster this run met (new at each run), and how to meet
+    it again: printed where `make test` ends, pass or fail."""
+    import sys
+
+    mod = sys.modules.get("tests.kernel.test_differential")
+    if mod is not None and not terminalreporter.config.getoption("--lab-report"):
+        terminalreporter.write_line(f"differential cluster: seed {mod.SEED} (again: {mod.AGAIN})")

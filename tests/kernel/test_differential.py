@@ -16,6 +16,7 @@ each daemon in turn from the same starting state, must converge to the same stat
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -26,16 +27,21 @@ from tests.differential.cluster import Params
 pytestmark = [pytest.mark.kernel, pytest.mark.lab_cost(900)]  # seconds, balances lab guests
 
 # Sized for make test under software emulation: one cluster and a change series on it. The
-# seed is fixed (every seed is valid); `make conformance` walks many more.
+# seed is new at each run (every seed is valid), so each run meets a cluster no one looked at
+# before; IPVSPROXY_DIFF_SEED=N runs seed N again. `make conformance` walks many more.
 PARAMS = Params(services=10)
-SEED = 5
 CHANGES = 20
+SEED = int(os.environ.get("IPVSPROXY_DIFF_SEED") or run.new_seed())
+os.environ["IPVSPROXY_DIFF_SEED"] = str(SEED)  # the lab guest runs this seed (pytest_lab.py)
+AGAIN = (f"IPVSPROXY_DIFF_SEED={SEED} .venv/bin/pytest tests/kernel/test_differential.py, or "
+         f"{run.rerun(SEED, 1, PARAMS.services, CHANGES)}")
 
 
 @pytest.fixture(scope="module")
 def outcome(tmp_path_factory: pytest.TempPathFactory) -> run.Outcome:
     """One generated cluster through kube-proxy, `ipvsproxy sync --once` and `ipvsproxy run`,
     then the change series through kube-proxy and `ipvsproxy run`."""
+    print(f"differential cluster seed {SEED} (again: {AGAIN})")
     cluster = generate.generate(SEED, PARAMS)
     assert len(cluster.features()) >= 30  # a real mix, not a trivial cluster
     work: Path = tmp_path_factory.mktemp("differential")
@@ -46,9 +52,11 @@ def outcome(tmp_path_factory: pytest.TempPathFactory) -> run.Outcome:
 def _check(outcome: run.Outcome, *comparisons: str) -> None:
     print(outcome.summary(*comparisons))
     for c in comparisons:  # compared, or failed trying: never passed by having nothing
-        assert c in outcome.classified or c in outcome.failures, f"no {c} comparison"
+        assert c in outcome.classified or c in outcome.failures, \
+            f"no {c} comparison (seed {SEED}; again: {AGAIN})"
     assert not outcome.unexplained(*comparisons), "differences from kube-proxy that the " \
-        f"README does not document:\n{outcome.summary(*comparisons)}"
+        f"README does not document, seed {SEED} (again: {AGAIN}):\n" \
+        f"{outcome.summary(*comparisons)}"
 
 
 def test_sync_once_programs_a_generated_cluster_as_kube_proxy_does(

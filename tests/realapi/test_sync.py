@@ -24,6 +24,7 @@ import yaml
 
 from integration.upstream.client import ROOT
 from integration.upstream.controlplane import ControlPlane
+from ipvsproxy.kubectl_yaml import KubectlLoader
 from tests.realapi.conftest import Applied
 from tests.unit.kube_objects import ep, node, port, service, slice_
 
@@ -55,8 +56,10 @@ def objects() -> list[dict[str, Any]]:
         slice_("dual", ep_a, port=8080, port_name="http"),
         slice_("dual", ep("fd00:244:1::11", "node-a"), family="IPv6", port=8080,
                port_name="http"),
+        # kubectl writes these three unquoted (issue 35): the dump must be read all the same
         service("canary", "10.96.20.15", http,
-                annotations={"ipvsproxy.io/scheduler": "wrr"}),
+                annotations={"ipvsproxy.io/scheduler": "wrr", "note": "=", "merge": "<<",
+                             "day": "2026-13-45"}),
         slice_("canary", ep_a, name="canary-stable", port=8080, port_name="http", weight="9"),
         slice_("canary", ep_b, name="canary-next", port=8080, port_name="http", weight="1"),
         service("dns", "10.96.0.10", port(53, "dns", "UDP"), port(53, "dns-tcp"),
@@ -103,10 +106,11 @@ def test_sync_from_the_api_server_equals_sync_from_kubectls_dump(
          "services,endpointslices,nodes,servicecidrs", "--all-namespaces", "-o", "yaml"],
         capture_output=True, text=True, timeout=120, check=False)
     assert dump.returncode == 0, dump.stderr
-    listed = yaml.safe_load(dump.stdout)
+    listed = yaml.load(dump.stdout, Loader=KubectlLoader)  # safe_load refuses 2026-13-45
     assert listed["kind"] == "List"
     assert all(i.get("apiVersion") and i.get("kind") for i in listed["items"])
     (tmp_path / "cluster.yaml").write_text(dump.stdout)
+    assert "\n      note: =\n" in dump.stdout and "\n      day: 2026-13-45\n" in dump.stdout
 
     from_api, warned_api = desired("--kubeconfig", str(proxy_kubeconfig))
     from_file, warned_file = desired("--from-file", str(tmp_path / "cluster.yaml"))

@@ -1,6 +1,7 @@
 """The fast reader for kubectl's YAML (issue 22): whatever it accepts it reads exactly as
-libyaml's loader (`yaml.CSafeLoader`) does, same types and same strings, and whatever it does
-not fully recognise it hands back (None), including every text CSafeLoader rejects.
+KubectlLoader does (libyaml's loader, `yaml.CSafeLoader`, with kubectl's reading of a few plain
+scalars: ipvsproxy/kubectl_yaml.py, issue 35), same types and same strings, and whatever it does
+not fully recognise it hands back (None), including every text the loader rejects.
 
 Texts come from PyYAML's dumper in kubectl's layout (`default_flow_style=False`), from an
 emulation of go-yaml v2 (what sigs.k8s.io/yaml, so kubectl, writes: keys sorted, a sequence at
@@ -26,6 +27,7 @@ from yaml.nodes import ScalarNode
 from yaml.resolver import Resolver
 
 from ipvsproxy import kubeyaml
+from ipvsproxy.kubectl_yaml import KubectlLoader, KubectlPyLoader
 from ipvsproxy.kubeyaml import load_all
 
 # --- comparing -----------------------------------------------------------------------------
@@ -45,7 +47,7 @@ def same(a: Any, b: Any) -> bool:
     return bool(a == b)
 
 
-def reference(text: str, loader: Any = yaml.CSafeLoader) -> list[Any] | Exception:
+def reference(text: str, loader: Any = KubectlLoader) -> list[Any] | Exception:
     try:
         return list(yaml.load_all(text, Loader=loader))
     except yaml.YAMLError as exc:
@@ -53,13 +55,13 @@ def reference(text: str, loader: Any = yaml.CSafeLoader) -> list[Any] | Exceptio
 
 
 def check(text: str) -> list[Any] | None:
-    """The fast reader's documents, asserted equal to CSafeLoader's (and to PyYAML's
-    pure-Python loader's, which manifests uses when libyaml is missing) when it gives any."""
+    """The fast reader's documents, asserted equal to KubectlLoader's (and to its pure-Python
+    twin's, which manifests uses when libyaml is missing) when it gives any."""
     fast = load_all(text)
     if currently_in_test_context():  # how often each way: --hypothesis-show-statistics
         event("read" if fast is not None else "handed back")
     if fast is not None:
-        for loader in (yaml.CSafeLoader, yaml.SafeLoader):
+        for loader in (KubectlLoader, KubectlPyLoader):
             ref = reference(text, loader)
             assert not isinstance(ref, Exception), (text, fast, ref)
             assert same(fast, ref), (text, fast, ref)
@@ -335,7 +337,7 @@ risky = st.sampled_from(["0x1F", "1_000", "0755", "yes", "on", "Off", "2026-01-0
 def test_plain_scalars_resolve_as_yaml_1_1(values: dict[str, Any], by_key: dict[str, Any]
                                            ) -> None:
     """What go-yaml writes plain though YAML 1.1 reads another type (hex, octal, 1_000, yes/on,
-    timestamps, .inf, sexagesimal), as keys too: read as CSafeLoader reads them."""
+    timestamps, .inf, sexagesimal), as keys too: read as KubectlLoader reads them."""
     def plain(o: Any) -> Any:
         return [Plain(x) for x in o] if isinstance(o, list) else Plain(o)
     obj = {k: plain(v) for k, v in values.items()} | {Plain(k): v for k, v in by_key.items()}
@@ -355,8 +357,8 @@ EDITS = [*" -:#'\"|>{}[],&*!?%@\t\r\n\\a1._~", "  ", "- ", ": ", " #", "---\n", 
                                              st.sampled_from(EDITS)), min_size=1, max_size=3))
 def test_edited_texts_are_read_right_or_handed_back(
         docs: list[Any], which: int, edits: list[tuple[float, int, str]]) -> None:
-    """Random damage to a valid text: CSafeLoader's reading where the fast reader gives one,
-    and never a reading where CSafeLoader raises."""
+    """Random damage to a valid text: the loader's reading where the fast reader gives one,
+    and never a reading where the loader raises."""
     t = text(docs, which)
     for where, cut, insert in edits:
         i = int(where * len(t))
@@ -520,8 +522,7 @@ def test_realistic_dumps_take_the_fast_path() -> None:
     dump["items"][0]["metadata"]["annotations"] = {
         "kubectl.kubernetes.io/last-applied-configuration": '{"apiVersion":"v1"}\n',
         "note": "it's \"quoted\": yes", "empty": "", "num": "0755", "multi": "a\n\nb"}
-    dump["items"][0]["metadata"]["creationTimestamp"] = datetime.datetime(
-        2026, 11, 24, 10, 0, tzinfo=datetime.UTC)
+    dump["items"][0]["metadata"]["creationTimestamp"] = "2026-11-24T10:00:00Z"
     for text in [yaml.safe_dump(dump, default_flow_style=False), go_yaml(dump),
                  *pyyaml_texts([dump])[1:]]:
         assert check(text) == [dump], text
@@ -552,8 +553,16 @@ READ = [
     ("a: 0x1F\nb: 1_000\nc: yes\nd: off\ne: 0755\nf: .inf\ng: 2026-01-01\ni: ~\nj: null\n"
      "k: 1.5\nl: -0\nm: +5\nn: 1e5\no: 190:20:30\n",
      [{"a": 31, "b": 1000, "c": True, "d": False, "e": 493, "f": math.inf,
-       "g": datetime.date(2026, 1, 1), "i": None, "j": None, "k": 1.5, "l": 0, "m": 5,
-       "n": "1e5", "o": 685230}]),
+       "g": "2026-01-01", "i": None, "j": None, "k": 1.5, "l": 0, "m": 5,
+       "n": "1e5", "o": "190:20:30"}]),
+    # what kubectl reads as strings though YAML 1.1 reads another type, or none (issue 35)
+    ("a: =\nb: <<\nc: 2026-13-45\nd: 2026-01-01 10:00:00 +2\ne: 1:20\nf: .5_\ng: 0x_\n"
+     "h: 0x1FFFFFFFFFFFFFFFF\ni: -0x8000000000000001\nj: 0xFFFFFFFFFFFFFFFF\nk: 1.0e+999\n"
+     "l: -.inf\n=: 1\n'<<': 2\n",
+     [{"a": "=", "b": "<<", "c": "2026-13-45", "d": "2026-01-01 10:00:00 +2", "e": "1:20",
+       "f": ".5_", "g": "0x_", "h": "0x1FFFFFFFFFFFFFFFF", "i": "-0x8000000000000001",
+       "j": 2**64 - 1, "k": "1.0e+999", "l": -math.inf, "=": 1, "<<": 2}]),
+    ("- =\n- <<\n- 2026-01-01\n", [["=", "<<", "2026-01-01"]]),
     ("true: 1\n1: a\nnull: b\n", [{True: "a", None: "b"}]),
     ("a: {}\nb: []\n- {}\n", None), ("a: {}\nb: []\n", [{"a": {}, "b": []}]),
     ("a:b: c\na: x#y\nb: -x\nc: http://h:80/p\nd: a,b]\n",
@@ -581,7 +590,7 @@ def test_read(text: str, docs: list[Any]) -> None:
 
 
 HANDED_BACK = [
-    "'a: b': c\n", "a: <<\n", "<<: {}\n", "a: =\n", "a: {a: 1}\n", "a: [1]\n", "a: b # c\n",
+    "'a: b': c\n", "<<: {}\n", "<<: a\n", "a:\n  <<: 1\n", "a: {a: 1}\n", "a: [1]\n", "a: b # c\n",
     "# c\na: 1\n", "a: &x 1\n", "a: *x\n", "a: !!str 1\n", "a:\n  b\n",
     "a:   b\n", "a : b\n", "a: b: c\n", "a: -\n",
     "a:\n    b: 1\n  c: 2\n", "  a: 1\nb: 2\n", "a: 1\n- b\n", "- a\nb: 1\n", "foo\n",
@@ -590,7 +599,7 @@ HANDED_BACK = [
     "a: '''\n", "a: 'x' y\n", "%YAML 1.1\n---\na: 1\n", "a: [\n", "? a\n: b\n", "a: @x\n",
     "a: `x\n", "a: %x\n", "a: ,x\n", "a: |\n    x\n  y\n", "a:\n-b\n",
     "a:\tb\n", "a: b\r\n", "a: b \n", "a: b ", "a: \x85\n", "a: \u2028\n", "a: \x07\n",
-    "a: 1\n- b: 2\n", "a: >2\n   x\n", "a: 2026-13-45\n", "- -\n", "-\n",
+    "a: 1\n- b: 2\n", "a: >2\n   x\n", "- -\n", "-\n", " " * 498 + "a: 1\n",
 ]
 
 
@@ -600,15 +609,15 @@ def test_handed_back(text: str) -> None:
 
 
 def test_changed_pyyaml_tables_hand_everything_back(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A program that taught CSafeLoader other constructors or path resolvers reads with
+    """A program that taught KubectlLoader other constructors or path resolvers reads with
     them: the fast reader, which knows only the stock ones, steps aside."""
     assert load_all("a: 1\n") == [{"a": 1}]
-    monkeypatch.setattr(yaml.CSafeLoader, "yaml_constructors",
-                        {**yaml.CSafeLoader.yaml_constructors,
+    monkeypatch.setattr(KubectlLoader, "yaml_constructors",
+                        {**KubectlLoader.yaml_constructors,
                          "tag:yaml.org,2002:int": lambda loader, node: "int!"})
     assert load_all("a: 1\n") is None
     monkeypatch.undo()
-    monkeypatch.setattr(yaml.CSafeLoader, "yaml_path_resolvers", {("x",): "y"})
+    monkeypatch.setattr(KubectlLoader, "yaml_path_resolvers", {("x",): "y"})
     assert load_all("a: 1\n") is None
 
 
@@ -623,13 +632,11 @@ def test_one_pattern_a_first_character_resolves_as_pyyaml(text: str) -> None:
     tag = Resolver().resolve(ScalarNode, text, (True, False))
     try:
         value = kubeyaml._Scalars().resolved(text)
-    except kubeyaml._Outside:  # merge, value, yaml; or CSafeLoader fails (0x_, 2026-13-45)
-        if tag.rsplit(":", 1)[1] not in ("merge", "value", "yaml"):
-            with pytest.raises(ValueError):
-                yaml.load(f"- {text}", Loader=yaml.CSafeLoader)
+    except kubeyaml._Outside:  # `!`, `&`, `*`: never plain
+        assert tag == "tag:yaml.org,2002:yaml"
         return
-    construct = yaml.CSafeLoader.yaml_constructors[tag]
-    assert same(value, construct(yaml.CSafeLoader(""), ScalarNode(tag, text)))
+    construct = KubectlLoader.yaml_constructors[tag]
+    assert same(value, construct(KubectlLoader(""), ScalarNode(tag, text)))
 
 
 def test_resolvers_a_program_added_are_used(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -640,7 +647,7 @@ def test_resolvers_a_program_added_are_used(monkeypatch: pytest.MonkeyPatch) -> 
     yaml.CSafeLoader.add_implicit_resolver("tag:yaml.org,2002:null",
                                            re.compile(r"^\d+(?:\.\d+){3}$"), list("0123456789"))
     text = "a: 10.0.0.1\nb: 10.0.0\n"
-    assert load_all(text) == list(yaml.load_all(text, Loader=yaml.CSafeLoader)) == [
+    assert load_all(text) == list(yaml.load_all(text, Loader=KubectlLoader)) == [
         {"a": None, "b": "10.0.0"}]
 
 
@@ -652,4 +659,4 @@ def test_short_random_texts(text: str) -> None:
 
 
 def test_module_says_why() -> None:
-    assert kubeyaml.__doc__ and "CSafeLoader" in kubeyaml.__doc__
+    assert kubeyaml.__doc__ and "KubectlLoader" in kubeyaml.__doc__

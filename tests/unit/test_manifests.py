@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from ipvsproxy import manifests
+from ipvsproxy.kubectl_yaml import KubectlLoader, KubectlPyLoader
 from ipvsproxy.manifests import ManifestError, load_objects
 from tests.unit.kube_objects import ep, node, port, service, slice_
 
@@ -67,7 +68,7 @@ def test_errors_name_the_file(tmp_path: Path) -> None:
     with pytest.raises(ManifestError, match=r"bad\.json: invalid JSON"):
         load_objects(str(bad))
     bad_yaml = tmp_path / "bad.yaml"
-    for text in ("a: [\n", "metadata:\n  creationTimestamp: 2026-13-45\n"):
+    for text in ("a: [\n", "metadata:\n  name: 'x\n", "a: *nowhere\n"):
         bad_yaml.write_text(text)
         with pytest.raises(ManifestError, match=r"bad\.yaml: invalid YAML"):
             load_objects(str(bad_yaml))
@@ -97,9 +98,9 @@ def test_libyaml_is_used_and_its_absence_is_warned_for_large_files(
     f.write_text("# kubectl get services,endpointslices,nodes -A -o yaml\n"
                  + yaml.safe_dump(dump()))
     assert load_objects(str(f)) == [dump()]
-    assert used == [yaml.CSafeLoader]
+    assert used == [KubectlLoader] and issubclass(KubectlLoader, yaml.CSafeLoader)
     monkeypatch.delattr(yaml, "CSafeLoader")
     monkeypatch.setattr(manifests, "SLOW_YAML_BYTES", 10)
     assert load_objects(str(f)) == [dump()]
-    assert used[-1] is yaml.SafeLoader
+    assert used[-1] is KubectlPyLoader and issubclass(KubectlPyLoader, yaml.SafeLoader)
     assert "pure-Python loader" in capsys.readouterr().err
