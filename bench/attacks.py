@@ -169,7 +169,8 @@ def run(build: Path, label: str, services: int, tmp: Path) -> dict[str, Any]:
         from ipvsproxy.core.ipvs import Protocol, ServiceKey
         from ipvsproxy.kernel.ipvs import IpvsClient
 
-        victim = next(s for s in svcs.values() if s["spec"]["type"] == "ClusterIP")
+        victim = next(s for n, s in svcs.items() if n.startswith("svc-")
+                      and s["spec"]["type"] == "ClusterIP")
         i = int(victim["metadata"]["name"].split("-")[1])
         p = victim["spec"]["ports"][0]
         key = ServiceKey.inet(Protocol[p["protocol"]], ip_address(victim["spec"]["clusterIP"]),

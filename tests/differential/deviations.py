@@ -368,9 +368,10 @@ DEVIATIONS: tuple[Deviation, ...] = (
         "ownership record",
         "The record is kept in the kernel, so it survives restarts with nothing on disk: the "
         "ipset `IPVSPROXY-OWNED-VS` (`IPVSPROXY-OWNED-VS-6`) lists the virtual servers it "
-        "created",
+        "created or adopted",
         "tests/unit/test_plan.py::test_foreign_virtual_server_at_a_desired_key_is_left_alone",
-        _own_set("IPVSPROXY-OWNED-VS")),
+        lambda d, c: _own_set("IPVSPROXY-OWNED-VS")(d, c)
+        or _own_set("IPVSPROXY-FOREIGN-VS")(d, c)),
     Deviation(
         "externalTrafficPolicy Local without a local endpoint",
         "As kube-proxy's iptables and nftables modes do, connections from outside the cluster "
