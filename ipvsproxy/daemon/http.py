@@ -9,8 +9,8 @@ exhaust it: each server is one thread running one selector loop over sockets tha
 are never waited on, and what a client may cost it is bounded by Limits (connections held,
 time and bytes to send a request, time to take an answer). Requests are GET and HEAD without
 bodies; anything else is answered and the connection closed. Routes run on the server's
-thread, one at a time. Silent per request. Must not: start a thread per client, or read a
-request body.
+thread, one at a time. Silent per request; a server error is logged at most once a minute.
+Must not: start a thread per client, or read a request body.
 """
 
 from __future__ import annotations
@@ -90,6 +90,36 @@ class _Conn:
         self.events = 0  # registered with the selector for these; 0: not registered
 
 
+class _Quiet:
+    """One kind of server error, logged with its traceback the first time and then at most once
+    a minute, with how many came meanwhile: whatever clients send, what they make the daemon log
+    is bounded (issue 32, item 9)."""
+
+    def __init__(self, event: str, level: str = "error", every: float = 60.0) -> None:
+        self.event, self.level, self.every = event, level, every
+        self._next = 0.0
+        self._missed = 0
+        self._traced = False
+
+    def __call__(self, exc_info: bool = False, **fields: Any) -> None:
+        now = time.monotonic()
+        if now < self._next:
+            self._missed += 1
+            return
+        self._next = now + self.every
+        trace = exc_info and not self._traced
+        self._traced = self._traced or trace
+        if self._missed:
+            fields["repeated"] = self._missed  # since the last line
+            self._missed = 0
+        getattr(log, self.level)(self.event, exc_info=trace, **fields)
+
+
+_SERVER_ERROR = _Quiet("http server error")
+_ANSWER_FAILED = _Quiet("http answer failed")
+_ACCEPT_FAILED = _Quiet("http accept failed", "warning")
+
+
 class _Server:
     """One listening socket and its connections, served by serve_forever() in one thread: no
     thread, stack or buffer per client beyond Limits, whatever the clients do."""
@@ -118,7 +148,7 @@ class _Server:
                     try:
                         self._ready(key.fileobj, key.data, mask)
                     except Exception:  # a bug with one client must not take /healthz down
-                        log.error("http server error", exc_info=True)
+                        _SERVER_ERROR(exc_info=True)
                         if key.data is not None:
                             self._close(key.data)
                 if time.monotonic() >= self._next_sweep:
@@ -159,7 +189,7 @@ class _Server:
                     self._sel.unregister(self.socket)
                     self._paused_until = time.monotonic() + 0.1
                     self._next_sweep = min(self._next_sweep, self._paused_until)
-                    log.warning("http accept failed", error=exc.strerror)
+                    _ACCEPT_FAILED(error=exc.strerror)
                     return
                 continue  # ECONNABORTED and the like: that client is gone
             if len(self.conns) >= self.limits.connections:
@@ -170,7 +200,11 @@ class _Server:
             # A probe's request has usually arrived by now: answered here, it costs no selector
             # registration and no wakeup. That matters: each system call lets the reconciler
             # take the GIL, and getting it back can take sys.getswitchinterval() (5 ms).
-            self._read(conn)
+            try:
+                self._read(conn)
+            except Exception:  # as in serve_forever: that client goes, the others stay
+                _SERVER_ERROR(exc_info=True)
+                self._close(conn)
             if conn.state == _READ:
                 self._want(conn, selectors.EVENT_READ)
 
@@ -231,7 +265,7 @@ class _Server:
                 try:
                     status, headers, body = route()
                 except Exception:
-                    log.error("http answer failed", path=path, exc_info=True)
+                    _ANSWER_FAILED(exc_info=True, path=path[:100])
                     self._send(conn, _error(500), _LINGER)
                     return
             self._send(conn, _answer(status, headers, body, req.method == "GET", close), after)
