@@ -21,7 +21,7 @@ import structlog
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ipvsproxy.daemon import http
+from ipvsproxy.daemon import http, http_loop
 from ipvsproxy.daemon.health import Health
 from ipvsproxy.daemon.http_wire import parse_request
 from ipvsproxy.daemon.metrics import Metrics
@@ -216,9 +216,9 @@ def test_server_errors_are_logged_once_a_minute_whatever_their_number(
     def broken(head: bytes) -> Any:
         raise ValueError("a bug the grammar did not catch")
 
-    quiet = http._Quiet("http server error")
-    monkeypatch.setattr(http, "parse_request", broken)
-    monkeypatch.setattr(http, "_SERVER_ERROR", quiet)
+    quiet = http_loop._Quiet("http server error")
+    monkeypatch.setattr(http_loop, "parse_request", broken)
+    monkeypatch.setattr(http_loop, "_SERVER_ERROR", quiet)
     srv = http.serve("127.0.0.1", 0, {"/": lambda: (200, {}, b"ok")}, "t")
     try:
         with structlog.testing.capture_logs() as logs:
@@ -237,7 +237,7 @@ def test_a_broken_route_is_logged_once_a_minute_too(monkeypatch: pytest.MonkeyPa
     def boom() -> tuple[int, dict[str, str], bytes]:
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(http, "_ANSWER_FAILED", http._Quiet("http answer failed"))
+    monkeypatch.setattr(http_loop, "_ANSWER_FAILED", http_loop._Quiet("http answer failed"))
     srv = http.serve("127.0.0.1", 0, {}, "t", fallback=boom)
     try:
         with structlog.testing.capture_logs() as logs:
