@@ -108,6 +108,9 @@ def run(args: argparse.Namespace) -> int:
         cfg = _config(args)
     except ConfigError as exc:
         raise CliError(str(exc)) from None
+    from ipvsproxy.daemon import fds
+
+    fds.raise_soft_limit()  # before anything sizes itself from it (the HTTP servers' shares)
     preflight()
 
     import structlog

@@ -33,37 +33,69 @@ class Request:
     body: bool = False  # one follows (never read)
 
 
+# RFC 9110 5.6.2: token = 1*tchar
+_TOKEN = rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+"
+# RFC 9112 3: method SP request-target SP HTTP-version; the target is ASCII without spaces or
+# controls (RFC 3986's characters, and more: a path we do not know is a 404, not a 400)
+_REQUEST_LINE = re.compile(rb"(" + _TOKEN + rb") ([\x21-\x7e]+) ([\x21-\x7e]+)")
+_VERSION = re.compile(rb"HTTP/([0-9])\.[0-9]")  # RFC 9112 2.3, case-sensitive
+# RFC 9112 5: field-name ":" OWS field-value OWS, the value's bytes VCHAR, obs-text, SP and
+# HTAB (RFC 9110 5.5); any other control (NUL, a bare CR, DEL ...) makes the line invalid.
+# Nothing here backtracks: the value's surrounding whitespace is stripped after the match.
+_FIELD_LINE = re.compile(rb"(" + _TOKEN + rb"):([\t\x20-\x7e\x80-\xff]*)")
+_DIGITS = re.compile(rb"[0-9]+")
+_MAX_LENGTH = (1 << 63) - 1  # as Go's net/http: a Content-Length beyond int64 is refused
+
+
 def parse_request(head: bytes) -> Request | int:
     """The request line and header lines (the bytes before the blank line), or the status to
-    refuse them with. Pure: no sockets, tested on its own."""
-    lines = head.decode("latin-1").split("\n")
-    parts = lines[0].rstrip("\r").split(" ")
-    if len(parts) != 3 or not parts[0] or not parts[1]:
+    refuse them with: 400 for anything outside RFC 9112's grammar (a field name that is not a
+    token, a control byte, obs-fold, a Content-Length that is not 1*DIGIT or differs between
+    lines), 505 for an HTTP version other than 1.x, 501 for a method other than GET and HEAD.
+    Never raises, whatever the bytes. Pure: no sockets, tested on its own."""
+    # RFC 9112 2.2: lines end in CRLF; a bare LF is accepted, a bare CR is not. The last line's
+    # end went with the blank line after it (daemon/http.py), so a CR left there is a bare one.
+    *ended, last = head.split(b"\n")
+    lines = [line[:-1] if line.endswith(b"\r") else line for line in ended] + [last]
+    start = _REQUEST_LINE.fullmatch(lines[0])
+    if start is None:
         return 400
-    method, target, version = parts
-    if version not in ("HTTP/1.0", "HTTP/1.1"):
-        return 505 if re.fullmatch(r"HTTP/\d+\.\d+", version) else 400
-    connection, body = "", False
+    method, target, version = start.groups()
+    major = _VERSION.fullmatch(version)
+    if major is None:
+        return 400
+    if major[1] != b"1":
+        return 505
+    connection: list[bytes] = []
+    length: bytes | None = None
+    body = False
     for line in lines[1:]:
-        if not line.strip("\r"):
-            continue
-        name, colon, value = line.rstrip("\r").partition(":")
-        if not colon or not name or name != name.strip():
+        # RFC 9112 5.2: obs-fold (a line starting with SP or HTAB), and whitespace before the
+        # first field (2.2), are refused; so is a name followed by whitespace (5.1)
+        field = _FIELD_LINE.fullmatch(line)
+        if field is None:
             return 400
-        name, value = name.lower(), value.strip()
-        if name == "connection":
-            connection += "," + value.lower()
-        elif name == "transfer-encoding":
+        name, value = field[1].lower(), field[2].strip(b" \t")
+        if name == b"connection":
+            connection += value.lower().split(b",")
+        elif name == b"transfer-encoding":
             body = True
-        elif name == "content-length":
-            if not value.isdigit():
+        elif name == b"content-length":
+            # RFC 9110 8.6: 1*DIGIT, ASCII digits only; several lines must agree (Go's rule)
+            if _DIGITS.fullmatch(value) is None or length not in (None, value):
                 return 400
-            body = body or int(value) > 0
-    if method not in ("GET", "HEAD"):
+            length = value
+            digits = value.lstrip(b"0")
+            if len(digits) > 19 or int(digits or b"0") > _MAX_LENGTH:
+                return 400
+            body = body or bool(digits)
+    if method not in (b"GET", b"HEAD"):
         return 501
-    close = "close" in (t.strip() for t in connection.split(","))
-    # HTTP/1.0 keep-alive is not offered; a body is never read, so its connection cannot go on
-    return Request(method, target, version == "HTTP/1.1" and not close and not body, body)
+    close = b"close" in (t.strip(b" \t") for t in connection)
+    # HTTP/1.0 keep-alive is not offered; a body is never read, so its connection cannot go on;
+    # HTTP/1.2 and on are answered as 1.1 (RFC 9110 2.5)
+    keep_alive = version != b"HTTP/1.0" and not close and not body
+    return Request(method.decode(), target.decode(), keep_alive, body)
 
 
 def _answer(status: int, headers: dict[str, str], body: bytes, send_body: bool,
