@@ -230,6 +230,7 @@ def run(
     kernel: Kernel | None = None,
     extra_rwdirs: list[Path] | None = None,
     network: bool = False,
+    vng_args: list[str] | None = None,
 ) -> LabResult:
     """Boot the lab kernel, run `command` (bash) in `cwd`, return its output and exit code.
 
@@ -239,6 +240,9 @@ def run(
     sees it (tests/kernel/test_real_apiserver.py reaches the host's API server so). Measured:
     the boot costs no more, the NIC is up in 0.4 s, a first HTTPS request to the host takes
     0.4 s (TLS under emulation) and the next ones ~10 ms.
+
+    `vng_args`: more virtme-ng arguments, e.g. `--disk` and `--qemu-opts` for the node of
+    `make e2e` (integration/node/), whose NIC is a tap device the host reaches.
     """
     kernel = kernel or ensure_kernel()
     vng = _vng()
@@ -256,6 +260,7 @@ def run(
             "--rwdir", str(w), "--overlay-rwdir", str(cwd), "--cwd", str(cwd),
             *[a for d in (extra_rwdirs or []) for a in ("--rwdir", str(d))],
             *(["--network", "user", "--no-dhcp"] if network else []),
+            *(vng_args or []),
             "--exec", f"bash {w}/cmd.sh",
         ]
         env = dict(os.environ)

@@ -1,0 +1,54 @@
+"""The e2e workload: answers with its pod's name, over HTTP (GET any path, port 8080) and UDP
+(any datagram, port 5353); and, as `echo.py get URL` or `echo.py udp HOST PORT`, the client
+the tests run inside a pod (`kubectl exec`). Standard library only."""
+
+import os
+import socket
+import sys
+import threading
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+NAME = os.environ.get("POD_NAME") or socket.gethostname()
+
+
+class Handler(BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        body = f"{NAME}\n".encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+def udp(port: int) -> None:
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.bind(("0.0.0.0", port))
+    while True:
+        _, peer = s.recvfrom(2048)
+        s.sendto(NAME.encode(), peer)
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] == ["get"]:
+        with urllib.request.urlopen(argv[1], timeout=5) as r:
+            sys.stdout.write(r.read().decode())
+        return 0
+    if argv[:1] == ["udp"]:
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        s.settimeout(5)
+        s.sendto(b"?", (argv[1], int(argv[2])))
+        print(s.recv(2048).decode())
+        return 0
+    threading.Thread(target=udp, args=(5353,), daemon=True).start()
+    ThreadingHTTPServer.allow_reuse_address = True
+    ThreadingHTTPServer(("0.0.0.0", 8080), Handler).serve_forever()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
