@@ -1,11 +1,16 @@
 """The e2e workload: answers with its pod's name, over HTTP (GET any path, port 8080) and UDP
 (any datagram, port 5353); and, as `echo.py get URL` or `echo.py udp HOST PORT`, the client
-the tests run inside a pod (`kubectl exec`). Standard library only."""
+the tests run inside a pod (`kubectl exec`) and on the node. `echo.py loop STOPFILE URL...`
+opens a new connection to each URL every 0.1 s until STOPFILE exists, then prints how many
+answered and how many failed, as JSON (the steady traffic of a rolling update). Standard
+library only."""
 
+import json
 import os
 import socket
 import sys
 import threading
+import time
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -33,7 +38,27 @@ def udp(port: int) -> None:
         s.sendto(NAME.encode(), peer)
 
 
+def loop(stop: str, urls: list[str]) -> dict[str, dict[str, object]]:
+    out: dict[str, dict[str, object]] = {u: {"ok": 0, "failed": 0, "errors": []} for u in urls}
+    while not os.path.exists(stop):
+        for url in urls:
+            try:
+                with urllib.request.urlopen(url, timeout=3) as r:
+                    r.read()
+                out[url]["ok"] += 1  # type: ignore[operator]
+            except OSError as exc:
+                out[url]["failed"] += 1  # type: ignore[operator]
+                errors = out[url]["errors"]
+                if isinstance(errors, list) and len(errors) < 5:
+                    errors.append(f"{time.strftime('%H:%M:%S')} {exc}")
+        time.sleep(0.1)
+    return out
+
+
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["loop"]:
+        print(json.dumps(loop(argv[1], argv[2:])))
+        return 0
     if argv[:1] == ["get"]:
         with urllib.request.urlopen(argv[1], timeout=5) as r:
             sys.stdout.write(r.read().decode())
