@@ -32,15 +32,17 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
-# Every Python dependency pinned (deploy/requirements.txt), in a layer of its own that a change
-# to ipvsproxy's code does not rebuild; then the package itself, without touching them.
+# Every Python dependency pinned by version and hash (deploy/requirements.txt), in a layer of
+# its own that a change to ipvsproxy's code does not rebuild: pip refuses a file whose hash is
+# not listed and a package that is not. Then the package itself, without touching them, built
+# with the setuptools installed from that list (no build isolation: nothing else is fetched).
 COPY deploy/requirements.txt /tmp/requirements.txt
-RUN pip install -r /tmp/requirements.txt && rm /tmp/requirements.txt
+RUN pip install --require-hashes -r /tmp/requirements.txt && rm /tmp/requirements.txt
 
 COPY pyproject.toml README.md /src/
 COPY ipvsproxy /src/ipvsproxy
 COPY scheduler /src/scheduler
-RUN pip install --no-deps /src && rm -rf /src
+RUN pip install --no-deps --no-build-isolation /src && rm -rf /src
 
 COPY deploy/entrypoint.sh /usr/local/bin/ipvsproxy-entrypoint
 RUN chmod 0755 /usr/local/bin/ipvsproxy-entrypoint

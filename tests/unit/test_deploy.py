@@ -492,6 +492,27 @@ def test_the_package_as_the_image_copies_it_installs_the_ipvsproxy_command(
     assert "from ipvsproxy.cli import entry" in main
 
 
+def test_the_image_installs_its_requirements_by_hash_and_its_base_by_digest() -> None:
+    """Issue 32, item 12: every pin carries the sha256 of its files and the Dockerfile makes pip
+    check them; the build backend is among them (no build isolation fetching an unpinned
+    setuptools); the default base is pinned by digest, and only the base is an argument."""
+    from integration.node.lock import main as lock
+
+    text = (DEPLOY / "requirements.txt").read_text(encoding="utf-8")
+    assert lock(["--check"]) == 0
+    for block in re.split(r"\n(?=[A-Za-z])", text):
+        if "==" in block:
+            assert re.search(r"--hash=sha256:[0-9a-f]{64}", block), block
+    assert re.search(r"^setuptools==", text, re.M)
+    dockerfile = (ROOT / "Dockerfile").read_text(encoding="utf-8")
+    assert "pip install --require-hashes -r /tmp/requirements.txt" in dockerfile
+    assert "pip install --no-deps --no-build-isolation /src" in dockerfile
+    base = re.search(r"^ARG BASE=(\S+)$", dockerfile, re.M)
+    assert base and re.fullmatch(r"python:3\.11-slim-bookworm@sha256:[0-9a-f]{64}", base[1])
+    froms = re.findall(r"^FROM (.+)$", dockerfile, re.M)
+    assert froms == ["${BASE}"]
+
+
 def _canonical(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
@@ -499,8 +520,8 @@ def _canonical(name: str) -> str:
 def test_the_image_requirements_pin_pyprojects_pins_and_what_they_pull_in() -> None:
     pins: dict[str, str] = {}
     for line in (DEPLOY / "requirements.txt").read_text(encoding="utf-8").splitlines():
-        if line.strip() and not line.startswith("#"):
-            name, sep, version = line.strip().partition("==")
+        if line.strip() and not line.startswith("#") and not line.strip().startswith("--hash"):
+            name, sep, version = line.strip().removesuffix("\\").strip().partition("==")
             assert sep and version and re.fullmatch(r"[\w.]+", version), f"not pinned: {line}"
             pins[_canonical(name)] = version
     project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
