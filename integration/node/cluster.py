@@ -190,7 +190,8 @@ class Cluster:
         shutil.copy2(self.work / "pki" / "ca.crt", out / "kubelet-client-ca.crt")
         (out / "node.env").write_text(
             f"NODE_NAME={NODE_NAME}\nNODE_IP={NODE_IP}\nHOST_IP={HOST_IP}\nPREFIX={PREFIX}\n"
-            f"NODE_MAC={NODE_MAC}\nPOD_CIDR={POD_CIDR}\nAGENT_PORT={AGENT_PORT}\n")
+            f"NODE_MAC={NODE_MAC}\nPOD_CIDR={POD_CIDR}\nAGENT_PORT={AGENT_PORT}\n"
+            f"KUBELET={self.cp.bin / 'kubelet'}\n")
 
     # ------------------------------------------------------------------------------ kubectl
 

@@ -145,10 +145,17 @@ class E2E:
         self.operator(readme_command("kubectl apply -k deploy/"))
         self.operator(readme_command("kubectl -n kube-system rollout status daemonset ipvsproxy")
                       + " --timeout=900s", timeout=960)
-        listing = self.operator(readme_command(
-            "kubectl -n kube-system exec daemonset/ipvsproxy -- ipvsproxy ls -Ln"))
+        # Ready is not programmed: like kube-proxy's, /healthz is healthy while the proxy
+        # starts (no update queued yet), so the first sync may still be running.
+        ls = readme_command("kubectl -n kube-system exec daemonset/ipvsproxy -- ipvsproxy ls -Ln")
+        first = self.operator(ls)
+        took = wait_for("the first sync to program the kubernetes Service",
+                        lambda: "10.96.0.1:443" in self.operator(ls), 300, 3)
+        listing = self.operator(ls)
+        print(f"   programmed {took:.0f} s after rollout status returned"
+              + (" (the first ls listed nothing yet)" if "10.96.0.1:443" not in first else ""),
+              flush=True)
         print("   " + listing.replace("\n", "\n   "), flush=True)
-        check("10.96.0.1:443" in listing, f"the kubernetes Service is not programmed:\n{listing}")
         pod = self.proxy_pod()
         image = pod["spec"]["containers"][0]["image"]
         check(image == f"{REGISTRY}/ipvsproxy:0.1.0", f"the pod runs {image}")
@@ -344,6 +351,19 @@ class E2E:
             "get", "node", c.NODE_NAME, "-o",
             "jsonpath={.status.conditions[?(@.type=='Ready')].status}") == "True", 600, 5)
 
+    def cluster_state(self) -> str:
+        """What an operator looks at first: pods, events, the proxy's log."""
+        out = []
+        for args in (("get", "nodes,pods", "-A", "-o", "wide"),
+                     ("get", "events", "-A", "--sort-by=.lastTimestamp"),
+                     ("-n", "kube-system", "logs", "daemonset/ipvsproxy", "--tail=60"),
+                     ("-n", "kube-system", "logs", "daemonset/ipvsproxy", "--previous",
+                      "--tail=30")):
+            with contextlib.suppress(Exception):
+                p = self.cluster.kubectl(*args, check=False, timeout=60)
+                out.append(f"---- kubectl {' '.join(args)}\n{p.stdout[-6000:]}{p.stderr[-500:]}")
+        return "\n".join(out)
+
     def close(self) -> None:
         with contextlib.suppress(Exception):
             self.node.shutdown(120)
@@ -408,7 +428,7 @@ def inside(args: argparse.Namespace) -> int:
             print(f"   ok in {took:.0f} s: {proof}", flush=True)
     except (Failed, c.ClusterError, RuntimeError, subprocess.TimeoutExpired) as exc:
         failed = f"{name}: {exc}"
-        print(f"FAILED {failed}\n{e2e.node.guest_log()}", flush=True)
+        print(f"FAILED {failed}\n{e2e.node.guest_log()}\n{e2e.cluster_state()}", flush=True)
     finally:
         if args.keep:
             print(f"kept: KUBECONFIG={e2e.cluster.admin_kubeconfig}; Ctrl-C ends it", flush=True)

@@ -113,10 +113,12 @@ imageGCLowThresholdPercent: 99
 serializeImagePulls: false
 maxPods: 30
 EOF
-kubelet --config=/var/lib/node/kubelet-config.yaml --kubeconfig="$files/kubelet.kubeconfig" \
+"$KUBELET" --config=/var/lib/node/kubelet-config.yaml --kubeconfig="$files/kubelet.kubeconfig" \
     --hostname-override="$NODE_NAME" --node-ip="$NODE_IP" --root-dir=/var/lib/node/kubelet \
     --v=1 >"$out/kubelet.log" 2>&1 &
 kubelet_pid=$!
+sleep 3
+kill -0 "$kubelet_pid" || { log "the kubelet exited: $(tail -5 "$out/kubelet.log")"; exit 1; }
 log "kubelet started"
 
 cd "$checkout"

@@ -37,7 +37,8 @@ def canonical(name: str) -> str:
 def parse(text: str) -> tuple[list[str], list[tuple[str, str]]]:
     """(the header comment lines, [(name, version)]) of a requirements file, with or without
     hashes."""
-    header, pins = [], []
+    header: list[str] = []
+    pins: list[tuple[str, str]] = []
     for line in text.splitlines():
         s = line.strip()
         if not pins and s.startswith("#"):
