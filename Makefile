@@ -50,8 +50,10 @@ unit: venv upstream
 test: setup lint types
 	$(VENV)/bin/pytest --durations=25
 
+# The daemon against the real kube-apiserver (started on the host): Services applied with
+# kubectl, traffic, an endpoint change through the API timed until the kernel holds it.
 demo: setup
-	$(PY) -m integration.vm.lab -- bash integration/vm/demo.sh
+	$(PY) -m integration.vm.demo
 
 # Benchmarks (not tests): the host-only figures on the host (desired state, watch throughput),
 # then ipvsproxy next to the C tools in one lab run; JSON in bench/results/.
