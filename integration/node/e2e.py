@@ -44,6 +44,8 @@ from integration.node import cluster as c
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 STEPS = ("images", "cluster", "deploy", "workload", "traffic", "scale", "rolling", "reboot")
+# --kube-proxy-swap: kube-proxy first, then deploy/README.md's "Replace kube-proxy" under traffic
+SWAP_STEPS = ("images", "cluster", "kube-proxy", "workload", "swap", "traffic")
 REGISTRY = "localhost/ipvsproxy-e2e"
 NEXT_TAG = "0.1.0-next"
 
@@ -337,6 +339,42 @@ class E2E:
                 "Service it had yet to program) and programmed the node: the ClusterIP and the "
                 "NodePort answer from the node and from a pod")
 
+    # ------------------------------------------------------- kube-proxy swapped for ipvsproxy
+
+    def step_kube_proxy(self) -> str:
+        """kube-proxy v1.35.4 in IPVS mode, deployed as kubeadm deploys it: the node's
+        service proxy before the swap."""
+        text = (HERE / "manifests" / "kube-proxy.yaml").read_text().replace(
+            "__APISERVER__", self.cluster.cp.url)
+        self.kubectl("apply", "-f", "-", stdin=text)
+        self.kubectl("-n", "kube-system", "rollout", "status", "daemonset/kube-proxy",
+                     "--timeout=900s", timeout=960)
+        wait_for("kube-proxy to program the kubernetes Service", lambda: "10.96.0.1:443" in
+                 self.node.sh("ipvsadm -Ln"), 300, 3)
+        return "kube-proxy's DaemonSet (IPVS mode) running and programming the node"
+
+    def step_swap(self) -> str:
+        """deploy/README.md's "Replace kube-proxy", every command of it, under traffic. Needs
+        the takeover issue (36): until then the README's step 3 (kube-proxy --cleanup) empties
+        the node's tables before ipvsproxy programs them, and connections fail meanwhile."""
+        shutil.copytree(ROOT / "deploy", self.deploy_dir, dirs_exist_ok=True)
+        self.operator(readme_command("sed -i \"s|newName: ipvsproxy$|"))
+        configmap = readme_command("kubectl -n kube-system create configmap ipvsproxy-apiserver")
+        self.operator(configmap.replace("=10.0.0.10", f"={c.HOST_IP}").replace(
+            "=6443", f"={self.cluster.cp.port}"))
+        urls = self.start_clients()
+        time.sleep(5)
+        t = time.monotonic()
+        self.operator(readme_block("## Replace kube-proxy"), timeout=1800)
+        self.expect_real_servers(f"{self.cluster_ip('echo')}:80", len(self.echo_pods()))
+        took = time.monotonic() - t
+        counts = self.stop_clients()
+        failed = {f"{s} -> {u}": counts[s][u]["failed"] for s in ("node", "pod") for u in urls}
+        print(f"   failed connections during the swap: {failed}", flush=True)
+        check(not any(failed.values()), f"connections failed during the swap: {failed}")
+        return (f"kube-proxy swapped for ipvsproxy as deploy/README.md says, in {took:.0f} s, "
+                "0 failed connections")
+
     def proxy_pod(self) -> dict[str, Any]:
         pods = self.get("-n", "kube-system", "pods", "-l", "app.kubernetes.io/name=ipvsproxy")
         items = pods["items"]
@@ -396,6 +434,14 @@ def readme_command(start: str) -> str:
     raise Failed(f"deploy/README.md has no command starting {start!r}")
 
 
+def readme_block(heading: str) -> str:
+    """The code of deploy/README.md's section `heading` (its indented lines), as one script."""
+    text = (ROOT / "deploy" / "README.md").read_text()
+    section = text[text.index(heading) + len(heading):]
+    section = section[:section.index("\n## ")] if "\n## " in section else section
+    return "\n".join(line[4:] for line in section.splitlines() if line.startswith("    "))
+
+
 def build_images(kube_proxy: bool) -> dict[str, tuple[str, Path]]:
     from integration.node import images
 
@@ -407,6 +453,10 @@ def build_images(kube_proxy: bool) -> dict[str, tuple[str, Path]]:
     if kube_proxy:
         img = images.kube_proxy()
         out["kube-proxy"] = (img.name, img.archive)
+        # deploy/migrate/kube-proxy-cleanup.yaml's second container: the pause image by its
+        # upstream name (an air-gapped cluster mirrors it; here the local one is tagged so).
+        img = images.tagged(out["pause"][0], "registry.k8s.io/pause:3.10")
+        out["pause-upstream-name"] = (img.name, img.archive)
     return out
 
 
@@ -415,7 +465,8 @@ def inside(args: argparse.Namespace) -> int:
     images = {k: (n, Path(p)) for k, (n, p) in json.loads(args.images).items()}
     work = Path(args.work)
     e2e = E2E(work, images)
-    steps = [s for s in (args.steps.split(",") if args.steps else STEPS) if s != "images"]
+    default = SWAP_STEPS if args.kube_proxy_swap else STEPS
+    steps = [s for s in (args.steps.split(",") if args.steps else default) if s != "images"]
     t_all = time.monotonic()
     failed = None
     try:

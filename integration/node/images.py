@@ -235,6 +235,12 @@ def kube_proxy() -> Image:
                      Path(tmp) / "Dockerfile", Path(tmp), base_image())
 
 
+def tagged(name: str, other: str) -> Image:
+    """The image `name` under a second name too, archived under it."""
+    buildah("tag", name, other)
+    return _archive(other)
+
+
 BUILDERS = {"ipvsproxy": ipvsproxy, "echo": workload, "pause": pause, "kube-proxy": kube_proxy}
 
 
