@@ -192,7 +192,10 @@ class E2E:
                             + " ".join(args), timeout=60).strip()
 
     def answers(self, ask: Callable[..., str], *args: str, n: int = 6) -> list[str]:
-        got = [ask(*args) for _ in range(n)]
+        """`n` requests (new connections, or new sockets for UDP) from one client process;
+        who answered, each a pod of the Deployment."""
+        got = ask(*args, str(n)).split()
+        check(len(got) == n, f"{args}: {len(got)} answers of {n}: {got}")
         pods = self.echo_pods()
         check(all(a in pods for a in got), f"{args}: answered by {got}, not the pods {pods}")
         return got

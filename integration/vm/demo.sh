@@ -8,7 +8,9 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 dir=$1 bin=$2
 PY=${PYTHON:-.venv/bin/python}
-kubectl() { "$bin/kubectl" --kubeconfig "$dir/admin.kubeconfig" "$@"; }
+# kubectl of the same release, copied once into the guest's memory: the host's files reach the
+# guest over 9p without a page cache, so each run from there would read its 59 MB again.
+kubectl() { /run/ipvsproxy-demo/kubectl --kubeconfig "$dir/admin.kubeconfig" "$@"; }
 req() {  # req NS URL: one request; prints "pod (seen from ADDRESS)"
   local out
   if [ "$1" = node ]; then out=$(curl -s -m 3 "$2/cgi-bin/who"); else
@@ -47,6 +49,8 @@ ip link set "$nic" up
 ip addr add 10.0.2.15/32 dev "$nic"
 ip route add 10.0.2.2/32 dev "$nic"
 
+mkdir -p /run/ipvsproxy-demo
+cp "$bin/kubectl" /run/ipvsproxy-demo/kubectl
 echo "== kernel $(uname -r) (host ${HOST_KERNEL_RELEASE:-?}); the API server: $(kubectl version -o json | "$PY" -c 'import json,sys; print(json.load(sys.stdin)["serverVersion"]["gitVersion"])') at $(kubectl config view -o jsonpath='{.clusters[0].cluster.server}')"
 echo "== pods: pod1 10.244.1.11, pod2 10.244.1.12 (node-a), pod3 10.244.1.13 (node-b); an outside client 192.168.1.100"
 bash integration/vm/pods.sh up pod1 pod2 pod3

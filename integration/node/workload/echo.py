@@ -1,5 +1,5 @@
 """The e2e workload: answers with its pod's name, over HTTP (GET any path, port 8080) and UDP
-(any datagram, port 5353); and, as `echo.py get URL` or `echo.py udp HOST PORT`, the client
+(any datagram, port 5353); and, as `echo.py get URL [N]` or `echo.py udp HOST PORT [N]`, the client
 the tests run inside a pod (`kubectl exec`) and on the node. `echo.py loop STOPFILE URL...`
 opens a new connection to each URL every 0.1 s until STOPFILE exists, then prints how many
 answered and how many failed, as JSON (the steady traffic of a rolling update). Standard
@@ -59,15 +59,18 @@ def main(argv: list[str]) -> int:
     if argv[:1] == ["loop"]:
         print(json.dumps(loop(argv[1], argv[2:])))
         return 0
-    if argv[:1] == ["get"]:
-        with urllib.request.urlopen(argv[1], timeout=5) as r:
-            sys.stdout.write(r.read().decode())
+    if argv[:1] == ["get"]:  # get URL [N]: N requests, each on a new connection
+        for _ in range(int(argv[2]) if len(argv) > 2 else 1):
+            with urllib.request.urlopen(argv[1], timeout=5) as r:
+                sys.stdout.write(r.read().decode())
         return 0
-    if argv[:1] == ["udp"]:
-        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        s.settimeout(5)
-        s.sendto(b"?", (argv[1], int(argv[2])))
-        print(s.recv(2048).decode())
+    if argv[:1] == ["udp"]:  # udp HOST PORT [N]: N datagrams, each from a new socket
+        for _ in range(int(argv[3]) if len(argv) > 3 else 1):
+            s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            s.settimeout(5)
+            s.sendto(b"?", (argv[1], int(argv[2])))
+            print(s.recv(2048).decode())
+            s.close()
         return 0
     threading.Thread(target=udp, args=(5353,), daemon=True).start()
     ThreadingHTTPServer.allow_reuse_address = True
