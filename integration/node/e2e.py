@@ -161,6 +161,19 @@ class E2E:
         pod = self.proxy_pod()
         image = pod["spec"]["containers"][0]["image"]
         check(image == f"{REGISTRY}/ipvsproxy:0.1.0", f"the pod runs {image}")
+        # Issue 32, item 12: the init container wrote the sysctls, the proxy runs without
+        # privilege and never failed to write one.
+        context = pod["spec"]["containers"][0]["securityContext"]
+        check(context.get("privileged") is False, f"the proxy's securityContext: {context}")
+        init = [json.loads(line) for line in self.kubectl(
+            "-n", "kube-system", "logs", pod["metadata"]["name"], "-c", "sysctls").splitlines()]
+        done = [r for r in init if r.get("event") == "sysctls set"]
+        check(done and done[-1]["failed"] == 0, f"the init container: {init}")
+        log = self.kubectl("-n", "kube-system", "logs", pod["metadata"]["name"], "-c",
+                           "ipvsproxy")
+        check("sysctl" not in log, "the unprivileged proxy touched a sysctl:\n" + log[-2000:])
+        print(f"   init container: {done[-1]['written']} of {done[-1]['needed']} sysctls "
+              f"written; the proxy runs with {context}", flush=True)
         return (f"deploy/README.md's commands as written: {image} rolled out, the pod Ready "
                 "(startup, readiness /healthz and liveness /livez probes through the kubelet), "
                 "`kubectl exec daemonset/ipvsproxy -- ipvsproxy ls -Ln` lists the kubernetes "
