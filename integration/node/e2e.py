@@ -307,10 +307,14 @@ class E2E:
         check(after["metadata"]["uid"] != before["metadata"]["uid"], "the pod was not replaced")
         for side in ("node", "pod"):
             check(isinstance(counts[side], dict), f"the {side}'s clients: {counts[side]}")
+        for side in ("node", "pod"):
             for url in urls:
                 got = counts[side][url]
-                print(f"   {side} -> {url}: {got['ok']} answered, {got['failed']} failed "
-                      f"{got['errors']}", flush=True)
+                print(f"   {side} -> {url}: {got['ok']} answered (slowest {got['slowest']} s), "
+                      f"{got['failed']} failed {got['errors']}", flush=True)
+        for side in ("node", "pod"):
+            for url in urls:
+                got = counts[side][url]
                 check(got["failed"] == 0 and got["ok"] > 0,
                       f"{side} -> {url}: {got['failed']} connections failed: {got['errors']}")
         total = sum(counts[s][u]["ok"] for s in ("node", "pod") for u in urls)
