@@ -252,7 +252,7 @@ class E2E:
             got = real_servers(self.proxy_ls("-t", vip))
             return len(pods) == n and got == sorted(f"{ip}:8080" for ip in pods.values())
         took = wait_for(f"{n} real servers behind {vip}", ok, 300, 3)
-        print(f"   {n} real servers behind {vip} {took:.0f} s after the rollout", flush=True)
+        print(f"   {n} real servers behind {vip} after {took:.0f} s more", flush=True)
 
     def step_scale(self) -> str:
         cip = self.cluster_ip("echo")
