@@ -12,7 +12,7 @@ PYTHON ?= $(shell /usr/bin/python3 -c 'import sys; sys.exit(sys.version_info < (
 	2>/dev/null && echo /usr/bin/python3 || echo python3)
 CMD ?= uname -r; modprobe ip_vs && ipvsadm -Ln
 
-.PHONY: setup host-packages venv kernel upstream lint types unit test demo lab bench bench-large chaos capacity soak conformance clean kind-e2e e2e
+.PHONY: setup host-packages venv kernel upstream lint types unit test demo lab bench bench-large chaos capacity soak conformance clean kind-e2e e2e lock
 
 setup: host-packages venv kernel upstream
 
@@ -114,6 +114,11 @@ lab: setup
 # E2E_ARGS='--steps cluster,deploy' runs some steps; --keep keeps the cluster.
 e2e: setup
 	$(PY) -m integration.node.e2e $(E2E_ARGS)
+
+# The image's Python packages pinned by hash again (deploy/requirements.txt), after a version
+# there changed: integration/node/lock.py asks PyPI with pip for the wheels of each platform.
+lock: venv
+	$(PY) -m integration.node.lock
 
 # ipvsproxy as the only service proxy of a kind cluster, end to end (needs docker, kind, kubectl;
 # not part of `make test`): integration/kind/e2e.sh.
