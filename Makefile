@@ -12,7 +12,7 @@ PYTHON ?= $(shell /usr/bin/python3 -c 'import sys; sys.exit(sys.version_info < (
 	2>/dev/null && echo /usr/bin/python3 || echo python3)
 CMD ?= uname -r; modprobe ip_vs && ipvsadm -Ln
 
-.PHONY: setup host-packages venv kernel upstream lint types unit test demo lab bench bench-large chaos capacity soak conformance clean kind-e2e
+.PHONY: setup host-packages venv kernel upstream lint types unit test demo lab bench bench-large chaos capacity soak conformance clean kind-e2e e2e lock
 
 setup: host-packages venv kernel upstream
 
@@ -50,8 +50,10 @@ unit: venv upstream
 test: setup lint types
 	$(VENV)/bin/pytest --durations=25
 
+# The daemon against the real kube-apiserver (started on the host): Services applied with
+# kubectl, traffic, an endpoint change through the API timed until the kernel holds it.
 demo: setup
-	$(PY) -m integration.vm.lab -- bash integration/vm/demo.sh
+	$(PY) -m integration.vm.demo
 
 # Benchmarks (not tests): the host-only figures on the host (desired state, watch throughput),
 # then ipvsproxy next to the C tools in one lab run; JSON in bench/results/.
@@ -103,6 +105,20 @@ conformance: setup
 # Run any command inside the lab guest: make lab CMD='ipvsadm -Ln'
 lab: setup
 	$(PY) -m integration.vm.lab -- '$(CMD)'
+
+# ipvsproxy deployed on a real node as deploy/README.md tells it (issue 34; not part of `make
+# test`, which runs its first steps): the image built from the Dockerfile with buildah on a base
+# made here, a control plane with kube-controller-manager and kube-scheduler on the host, the lab
+# guest as a node (containerd, runc, CNI, kubelet), then `kubectl apply -k deploy/`, traffic,
+# scaling, a rolling update under traffic and a reboot (integration/node/e2e.py; docs/e2e.md).
+# E2E_ARGS='--steps cluster,deploy' runs some steps; --keep keeps the cluster.
+e2e: setup
+	$(PY) -m integration.node.e2e $(E2E_ARGS)
+
+# The image's Python packages pinned by hash again (deploy/requirements.txt), after a version
+# there changed: integration/node/lock.py asks PyPI with pip for the wheels of each platform.
+lock: venv
+	$(PY) -m integration.node.lock
 
 # ipvsproxy as the only service proxy of a kind cluster, end to end (needs docker, kind, kubectl;
 # not part of `make test`): integration/kind/e2e.sh.

@@ -16,9 +16,31 @@
 # update-alternatives, so iptables, iptables-save, iptables-restore and the ip6tables ones all
 # follow it, for ipvsproxy and for an operator's `kubectl exec ... iptables-save` alike.
 # IPTABLES_SBIN (default /usr/sbin) is where the tools are; the unit tests point it elsewhere.
+#
+# What it says goes to stderr as one JSON object a line, as ipvsproxy's own log does when not on
+# a terminal (structlog: event, level, timestamp), so the pod's log is JSON lines from its first
+# line and a log shipper parses every one.
 set -eu
 
 sbin=${IPTABLES_SBIN:-/usr/sbin}
+
+# log LEVEL EVENT [KEY VALUE]...: one JSON line on stderr.
+log() {
+    level=$1 event=$2
+    shift 2
+    line="{\"event\": \"$(json "$event")\""
+    while [ "$#" -ge 2 ]; do
+        line="$line, \"$1\": \"$(json "$2")\""
+        shift 2
+    done
+    printf '%s, "logger": "ipvsproxy-entrypoint", "level": "%s", "timestamp": "%s"}\n' \
+        "$line" "$level" "$(date -u +%Y-%m-%dT%H:%M:%S.%6NZ)" >&2
+}
+
+# A JSON string's contents: backslashes and quotes escaped, control characters as spaces.
+json() {
+    printf '%s' "$1" | tr '\n\r\t' '   ' | sed 's/\\/\\\\/g; s/"/\\"/g'
+}
 
 has_kubelet_chain() {
     grep -Eq '^:(KUBE-IPTABLES-HINT|KUBE-KUBELET-CANARY) '
@@ -45,7 +67,7 @@ case "$mode" in
     auto) mode=$(detect_mode); how=detected ;;
     nft | legacy) how="from IPTABLES_MODE" ;;
     *)
-        echo "ipvsproxy-entrypoint: IPTABLES_MODE=$mode: expected nft, legacy or auto" >&2
+        log error "IPTABLES_MODE=$mode: expected nft, legacy or auto" IPTABLES_MODE "$mode"
         exit 2
         ;;
 esac
@@ -54,10 +76,10 @@ esac
 # than a crash-looping pod someone will look at.
 for tool in iptables ip6tables; do
     if ! out=$(update-alternatives --set "$tool" "$sbin/$tool-$mode" 2>&1); then
-        echo "ipvsproxy-entrypoint: cannot select $tool-$mode: $out" >&2
+        log error "cannot select $tool-$mode: $out" backend "$mode"
         exit 1
     fi
 done
-echo "ipvsproxy-entrypoint: iptables backend $mode ($how)" >&2
+log info "iptables backend $mode ($how)" backend "$mode"
 
 exec "$@"

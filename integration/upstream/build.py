@@ -1,6 +1,7 @@
 """Build the upstream test components once and cache them outside the checkout.
 
-kube-apiserver and kube-proxy (k8s.io/kubernetes) and etcd (go.etcd.io/etcd/server/v3) are built
+kube-apiserver, kube-proxy, kube-controller-manager, kube-scheduler, kubelet and kubectl
+(k8s.io/kubernetes) and etcd (go.etcd.io/etcd/server/v3) are built
 from the Go module proxy with the go.mod beside this file, into
 ``~/.cache/ipvsproxy-upstream/<key>/`` where the key hashes go.mod, go.sum, etcd/main.go and the
 Go version: a second ``make setup`` finds them and builds nothing; a new pin builds anew. These
@@ -31,6 +32,12 @@ PACKAGES = {
     "kube-apiserver": "k8s.io/kubernetes/cmd/kube-apiserver",
     "kube-proxy": "k8s.io/kubernetes/cmd/kube-proxy",
     "etcd": "./etcd",
+    # The node of `make e2e` (integration/node/): the rest of a control plane, a kubelet, and
+    # the kubectl an operator types (deploy/README.md's commands, `apply -k` included).
+    "kube-controller-manager": "k8s.io/kubernetes/cmd/kube-controller-manager",
+    "kube-scheduler": "k8s.io/kubernetes/cmd/kube-scheduler",
+    "kubelet": "k8s.io/kubernetes/cmd/kubelet",
+    "kubectl": "k8s.io/kubernetes/cmd/kubectl",
 }
 KEYED_FILES = ("go.mod", "go.sum", "etcd/main.go")
 

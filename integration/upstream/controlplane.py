@@ -153,7 +153,7 @@ class ControlPlane(Client):
     def __init__(self, *, bin_dir: Path | None = None, workdir: Path | None = None,
                  compaction_interval: str = NO_COMPACTION, bind_address: str = "127.0.0.1",
                  advertise_address: str = GUEST_SIDE_ADDRESS,
-                 extra_args: Iterable[str] = ()) -> None:
+                 extra_args: Iterable[str] = (), authorization_mode: str = "RBAC") -> None:
         self.bin = bin_dir or binaries()
         self._own_dir = workdir is None
         self.dir = Path(workdir or tempfile.mkdtemp(prefix="ipvsproxy-cp-"))
@@ -161,6 +161,7 @@ class ControlPlane(Client):
         self.compaction_interval = compaction_interval
         self.bind_address, self.advertise_address = bind_address, advertise_address
         self.extra_args = list(extra_args)
+        self.authorization_mode = authorization_mode  # e2e's node: Node,RBAC
         self.etcd_port = free_port()
         self.port = free_port(bind_address)
         self.url = f"https://{bind_address}:{self.port}"
@@ -252,7 +253,7 @@ class ControlPlane(Client):
             f"--service-account-issuer={ISSUER}",
             f"--service-account-key-file={d / 'sa.pub'}",
             f"--service-account-signing-key-file={d / 'sa.key'}",
-            "--authorization-mode=RBAC",
+            f"--authorization-mode={self.authorization_mode}",
             f"--token-auth-file={d / 'tokens.csv'}",
             f"--service-cluster-ip-range={SERVICE_CIDRS}",
             f"--etcd-compaction-interval={self.compaction_interval}",

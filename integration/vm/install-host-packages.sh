@@ -19,11 +19,21 @@ declare -A NEED=(
   [curl]=curl
   # tests/unit/test_deploy.py renders deploy/ with `kubectl kustomize`
   [kubectl]=kubernetes-client
+  # the e2e node (integration/node/): images built without Docker, a base made here, and the
+  # node's runtime (the lab guest runs the host's binaries)
+  [buildah]=buildah
+  [debootstrap]=debootstrap
+  [containerd]=containerd
+  [runc]=runc
+  [mkfs.ext4]=e2fsprogs
+  [openssl]=openssl
 )
 missing=()
 for tool in "${!NEED[@]}"; do
   command -v "$tool" >/dev/null 2>&1 || missing+=("${NEED[$tool]}")
 done
+# The CNI plugins are no commands on PATH.
+[ -x /usr/lib/cni/bridge ] && [ -x /usr/lib/cni/host-local ] || missing+=(containernetworking-plugins)
 if [ "${#missing[@]}" -eq 0 ]; then
   exit 0
 fi

@@ -27,6 +27,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -230,6 +231,8 @@ def run(
     kernel: Kernel | None = None,
     extra_rwdirs: list[Path] | None = None,
     network: bool = False,
+    vng_args: list[str] | None = None,
+    on_start: Callable[[subprocess.Popen[str]], None] | None = None,
 ) -> LabResult:
     """Boot the lab kernel, run `command` (bash) in `cwd`, return its output and exit code.
 
@@ -239,6 +242,11 @@ def run(
     sees it (tests/kernel/test_real_apiserver.py reaches the host's API server so). Measured:
     the boot costs no more, the NIC is up in 0.4 s, a first HTTPS request to the host takes
     0.4 s (TLS under emulation) and the next ones ~10 ms.
+
+    `vng_args`: more virtme-ng arguments, e.g. `--disk` and `--qemu-opts` for the node of
+    `make e2e` (integration/node/), whose NIC is a tap device the host reaches. `on_start`
+    gets the virtme-ng process (its own process group) as soon as it runs, for a caller that
+    runs this in a thread and must be able to end the guest.
     """
     kernel = kernel or ensure_kernel()
     vng = _vng()
@@ -256,6 +264,7 @@ def run(
             "--rwdir", str(w), "--overlay-rwdir", str(cwd), "--cwd", str(cwd),
             *[a for d in (extra_rwdirs or []) for a in ("--rwdir", str(d))],
             *(["--network", "user", "--no-dhcp"] if network else []),
+            *(vng_args or []),
             "--exec", f"bash {w}/cmd.sh",
         ]
         env = dict(os.environ)
@@ -265,6 +274,8 @@ def run(
             argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             text=True, env=env, start_new_session=True,
         )
+        if on_start is not None:
+            on_start(proc)
         vng_log: list[str] = []
         reader = threading.Thread(target=lambda: vng_log.extend(proc.stdout or []), daemon=True)
         reader.start()

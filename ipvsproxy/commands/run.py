@@ -29,6 +29,43 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a KubeProxyConfiguration (kubeproxy.config.k8s.io/v1alpha1) file")
     add_proxy_flags(parser)
     add_daemon_flags(parser)
+    parser.add_argument("--sysctls-only", action="store_true",
+                        help="write the sysctls this configuration needs (net.ipv4.vs.*, "
+                             "net.ipv4.ip_forward, arp_* with strictARP) and exit: the "
+                             "DaemonSet's privileged init container, so that the proxy's own "
+                             "container needs no privilege, only NET_ADMIN and NET_RAW")
+
+
+def write_sysctls(cfg: Config) -> int:
+    """`run --sysctls-only`: the sysctls the daemon would write at its first sync (the same
+    function computes them), written where they differ; 1 if one could not be written."""
+    import structlog
+
+    from ipvsproxy.core.desired import sysctls
+    from ipvsproxy.kernel.host import host_facts, read_sysctls, write_sysctl
+    from ipvsproxy.kernel.ipvs import IpvsClient
+
+    log = structlog.get_logger("ipvsproxy.sysctls")
+    # net/ipv4/vs/* exist once ip_vs is loaded; the kernel loads it for the first IPVS request.
+    with IpvsClient() as client:
+        client.info()
+    want = sysctls(cfg, host_facts())
+    have = read_sysctls(k for k, _ in want)
+    written = failed = 0
+    for key, value in want:
+        name = key.replace("/", ".")
+        if have.get(key) == value:
+            continue
+        try:
+            write_sysctl(key, value)
+        except OSError as exc:
+            failed += 1
+            log.error("sysctl not written", sysctl=name, value=value, error=str(exc))
+            continue
+        written += 1
+        log.info("sysctl written", sysctl=name, value=value, was=have.get(key))
+    log.info("sysctls set", needed=len(want), written=written, failed=failed)
+    return 1 if failed else 0
 
 
 def _config(args: argparse.Namespace) -> Config:
@@ -108,6 +145,8 @@ def run(args: argparse.Namespace) -> int:
         cfg = _config(args)
     except ConfigError as exc:
         raise CliError(str(exc)) from None
+    if args.sysctls_only:
+        return write_sysctls(cfg)
     from ipvsproxy.daemon import fds
 
     fds.raise_soft_limit()  # before anything sizes itself from it (the HTTP servers' shares)

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -175,6 +176,27 @@ def test_the_command_does_not_run_when_the_backend_cannot_be_selected(tmp_path: 
     assert p.returncode == 1
     assert p.stdout == ""
     assert "cannot select iptables-nft: error: no alternatives for iptables" in p.stderr
+
+
+@pytest.mark.parametrize(("mode", "fail"), [(None, False), ("legacy", False),
+                                           ('nft"\\\nx', False), (None, True)])
+def test_everything_the_entrypoint_says_is_a_json_log_line(tmp_path: Path, mode: str | None,
+                                                           fail: bool) -> None:
+    """The pod's log is JSON lines from the first (found on the e2e node: `kubectl logs` of
+    the DaemonSet's pod began with the entrypoint's plain-text line, which a log shipper
+    parsing ipvsproxy's JSON would choke on): info, and errors with the node's message or the
+    operator's value quoted whatever they hold."""
+    node = Node(tmp_path, {"iptables-nft-save": MANGLE_HINT}, alternatives_fail=fail)
+    p = node.run(mode)
+    lines = p.stderr.splitlines()
+    assert lines
+    for line in lines:
+        record = json.loads(line)
+        assert record["logger"] == "ipvsproxy-entrypoint"
+        assert record["level"] in ("info", "error")
+        assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z", record["timestamp"])
+    if mode and '"' in mode:
+        assert json.loads(lines[0])["IPTABLES_MODE"] == mode.replace("\n", " ")
 
 
 # ---------------------------------------------------------------- integration/kind/lib.sh

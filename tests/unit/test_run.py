@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -70,3 +71,50 @@ def test_refuses_to_start_without_ipset_or_iptables(monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(broken, _broken)
     with pytest.raises(CliError, match=words):
         preflight()
+
+
+@pytest.mark.parametrize("strict_arp", [False, True])
+def test_sysctls_only_writes_what_the_daemon_would_and_exits(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        strict_arp: bool) -> None:
+    """`run --sysctls-only`, the DaemonSet's privileged init container (issue 32, item 12):
+    the sysctls desired.sysctls computes for the configuration, written where they differ,
+    after an IPVS request (which makes the kernel load ip_vs and its net/ipv4/vs/*); a value
+    that cannot be written is an error and exit 1. It never reaches the API server."""
+    from ipvsproxy.cli import build_parser
+    from ipvsproxy.commands import run
+    from ipvsproxy.core import tables as T
+    from ipvsproxy.core.desired import HostFacts
+    from ipvsproxy.logsetup import setup_logging
+
+    setup_logging(0, "json")
+    want = dict(T.SYSCTLS) | (dict(T.STRICT_ARP_SYSCTLS) if strict_arp else {})
+    for key in want:
+        (tmp_path / key).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / key).write_text("0\n")
+    (tmp_path / "net/ipv4/ip_forward").write_text("1\n")  # already right: left alone
+    asked: list[str] = []
+
+    class Ipvs(_Usable):
+        def info(self) -> None:
+            asked.append("info")
+
+    monkeypatch.setattr("ipvsproxy.kernel.host.PROC_SYS", tmp_path)
+    monkeypatch.setattr("ipvsproxy.kernel.host.host_facts", lambda: HostFacts((), (6, 1)))
+    monkeypatch.setattr("ipvsproxy.kernel.ipvs.IpvsClient", Ipvs)
+    monkeypatch.setattr("ipvsproxy.kube.listing.load_client_config", _broken)
+    argv = ["run", "--sysctls-only", "--hostname-override", "node-a",
+            *(["--ipvs-strict-arp"] if strict_arp else [])]
+    args = build_parser("run").parse_args(argv)
+    args.argv = argv
+    assert run.run(args) == 0
+    assert asked == ["info"]
+    assert {k: (tmp_path / k).read_text().strip() for k in want} == want
+    err = capsys.readouterr().err
+    assert "net.ipv4.ip_forward" not in err  # not written: it held the value
+    assert err.count("sysctl written") == len(want) - 1
+
+    (tmp_path / "net/ipv4/vs/conntrack").write_text("0\n")
+    monkeypatch.setattr("ipvsproxy.kernel.host.write_sysctl", _broken)  # read-only /proc/sys
+    assert run.run(args) == 1
+    assert "sysctl not written" in capsys.readouterr().err
