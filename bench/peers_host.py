@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+import signal
 import subprocess
 import sys
 import tempfile
@@ -34,6 +35,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=4 * 3600.0, help="the lab guest's limit")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
     args = ap.parse_args(ours)
+    # SIGTERM (timeout(1), CI cancellation) unwinds like Ctrl-C, so lab.run kills the guest
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
     from integration.upstream.controlplane import ControlPlane
     from integration.upstream.remote import guest_info, serve_control
