@@ -12,7 +12,7 @@ PYTHON ?= $(shell /usr/bin/python3 -c 'import sys; sys.exit(sys.version_info < (
 	2>/dev/null && echo /usr/bin/python3 || echo python3)
 CMD ?= uname -r; modprobe ip_vs && ipvsadm -Ln
 
-.PHONY: setup host-packages venv kernel upstream lint types unit test demo lab bench bench-large chaos capacity soak conformance clean kind-e2e e2e lock
+.PHONY: setup host-packages venv kernel upstream lint types unit test demo lab bench bench-large bench-peers chaos capacity soak conformance clean kind-e2e e2e lock takeover
 
 setup: host-packages venv kernel upstream
 
@@ -56,12 +56,23 @@ demo: setup
 	$(PY) -m integration.vm.demo
 
 # Benchmarks (not tests): the host-only figures on the host (desired state, watch throughput),
-# then ipvsproxy next to the C tools in one lab run; JSON in bench/results/.
+# then ipvsproxy next to the C tools in one lab run, then ipvsproxy next to kube-proxy (IPVS,
+# nftables, iptables) at 1,000 and 10,000 services in another (issue 33: the real
+# kube-apiserver on the host, bench/peers_host.py); JSON in bench/results/.
 bench: setup
 	@mkdir -p bench/results
 	$(PY) -m bench.host_bench $(HOST_BENCH_ARGS)
 	$(PY) -m integration.vm.lab --timeout 3000 --rwdir bench/results -- \
 		'python -m bench.kernel_bench $(BENCH_ARGS)'
+	$(PY) -m bench.peers_host --memory 4G --timeout 21600 -- --sizes 1000,10000 $(PEERS_ARGS)
+
+# ipvsproxy and kube-proxy side by side alone (bench/peers.py; PEERS_ARGS='--sizes 1000
+# --proxies ipvsproxy,kube-proxy-nftables', `python -m bench.peers --help` for the knobs;
+# PEERS_MEMORY=8G for 50,000 services).
+PEERS_MEMORY ?= 4G
+bench-peers: setup
+	@mkdir -p bench/results
+	$(PY) -m bench.peers_host --memory $(PEERS_MEMORY) --timeout 43200 -- $(PEERS_ARGS)
 
 # The same at 50,000 services x 10 endpoints (issue 22, item 3; not part of `make bench`, not in
 # CI, 2 h 7 min on 2026-11-26): desired state on the host (<= 2.5 s), then in the lab
@@ -74,6 +85,7 @@ bench-large: setup
 	$(PY) -m bench.host_bench --large 50000 $(HOST_BENCH_ARGS)
 	$(PY) -m integration.vm.lab --timeout 14400 --memory 8G --rwdir bench/results -- \
 		'python -m bench.kernel_bench --cluster-services 50000 $(BENCH_ARGS)'
+	$(PY) -m bench.peers_host --memory 8G --timeout 43200 -- --sizes 50000 $(PEERS_ARGS)
 
 # The chaos run (issue 9) at full size: 500 services, 2,000 random changes, a fault every 20
 # (tests/kernel/chaos.py; a smaller run is part of make test). CHAOS_ARGS=--help for the knobs.

@@ -10,12 +10,13 @@ takes ~45 s against ~4 s on the host, which is why they run there. Standard libr
 
 from __future__ import annotations
 
+import functools
 import json
 import threading
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -23,13 +24,17 @@ from typing import Any
 from integration.upstream.client import Client, Obj
 from integration.upstream.controlplane import GUEST_SIDE_ADDRESS, ControlPlane
 
+Extra = Mapping[tuple[str, str], Callable[[dict[str, str]], Any]]
 
-def serve_control(cp: ControlPlane, host: str = "127.0.0.1") -> ThreadingHTTPServer:
+
+def serve_control(cp: ControlPlane, host: str = "127.0.0.1", extra: Extra | None = None
+                  ) -> ThreadingHTTPServer:
     """An HTTP server on `host`, free port, for a lab guest's tests to do what the API does not:
     POST /stop[?kill=1], /start (the API server), /compact, /etcd-bump (etcd; each answers the
-    revision); GET /running, /starts, /compacted?revision=N, /etcd-revision, /audit?user=U.
-    One request at a time; an error answers 500 with its message. Call `shutdown()`, then
-    `cp.close()`."""
+    revision); GET /running, /starts, /compacted?revision=N, /etcd-revision, /audit?user=U;
+    and `extra`'s (method, path) actions, each called with the query's parameters (the
+    side-by-side bench's POST /load). One request at a time; an error answers 500 with its
+    message. Call `shutdown()`, then `cp.close()`."""
     lock = threading.Lock()
 
     class Handler(BaseHTTPRequestHandler):
@@ -58,6 +63,8 @@ def serve_control(cp: ControlPlane, host: str = "127.0.0.1") -> ThreadingHTTPSer
                 ("GET", "/starts"): lambda: cp.starts,
                 ("GET", "/audit"): lambda: cp.audit(q.get("user")),
             }
+            for key, fn in (extra or {}).items():
+                actions[key] = functools.partial(fn, q)
             action = actions.get((self.command, url.path))
             if action is None:
                 self._answer(404, {"error": f"no {self.command} {url.path}"})
@@ -99,6 +106,10 @@ class Remote(Client):
     @classmethod
     def from_file(cls, path: str | Path) -> Remote:
         return cls(json.loads(Path(path).read_text()))
+
+    def call(self, method: str, path: str, timeout: float = 180.0) -> Any:
+        """One call to the control server (an `extra` action too); its answer's result."""
+        return self._control(method, path, timeout)
 
     def _control(self, method: str, path: str, timeout: float = 180.0) -> Any:
         req = urllib.request.Request(self.control + path, method=method,

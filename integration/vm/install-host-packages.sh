@@ -15,6 +15,8 @@ declare -A NEED=(
   [busybox]=busybox-static
   [shellcheck]=shellcheck
   [conntrack]=conntrack
+  # kube-proxy --proxy-mode=nftables runs nft (the side-by-side bench, bench/peers.py)
+  [nft]=nftables
   [socat]=socat
   [curl]=curl
   # tests/unit/test_deploy.py renders deploy/ with `kubectl kustomize`

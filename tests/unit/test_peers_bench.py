@@ -1,0 +1,118 @@
+"""The pure parts of the side-by-side bench (bench/peers*.py, issue 33): kube-proxy's names for
+an endpoint's chains, the objects loaded into the API server, the change series and the table's
+arithmetic. No timing is asserted."""
+
+from __future__ import annotations
+
+from bench import peers
+from bench.cluster_gen import generate
+from bench.peers_cluster import (
+    HC_PORT_BASE,
+    Service,
+    api_objects,
+    change_series,
+    cpu_seconds,
+    iptables_endpoint_chain,
+    nft_endpoint_chain,
+    percentile,
+    services,
+)
+
+SVC1 = Service(1, "ns1", "svc1", "TCP", "10.20.30.41", 80, "p80", 80)
+
+
+def test_nftables_endpoint_chain_is_kube_proxys() -> None:
+    # pkg/proxy/nftables/proxier_test.go, v1.35.4
+    assert nft_endpoint_chain(SVC1, "10.180.0.1") == \
+        "endpoint-5OJB2KTY-ns1/svc1/tcp/p80__10.180.0.1/80"
+
+
+def test_nftables_endpoint_chain_is_truncated_as_kube_proxys() -> None:
+    long = Service(1, "n" * 63, "s" * 63, "SCTP", "fd00::1", 80, "p" * 63, 65535)
+    name = nft_endpoint_chain(long, "fd00:1234:5678:9abc:def0:1234:5678:9abc")
+    assert len(name) == len("endpoint-") + 240 and name.endswith("...")
+
+
+def test_iptables_endpoint_chain_is_kube_proxys() -> None:
+    # pkg/proxy/iptables/proxier_test.go, v1.35.4: ns1/svc1:p80 -> 10.180.0.1:80
+    assert iptables_endpoint_chain(SVC1, "10.180.0.1") == "KUBE-SEP-SXIVWICOYRO3J4NJ"
+
+
+def test_sizes_load_as_prefixes_of_one_cluster() -> None:
+    whole, whole_status = api_objects(300, 2)
+    first, first_status = api_objects(100, 2)
+    rest, rest_status = api_objects(300, 2, start=100)
+    key = lambda o: (o["kind"], o["metadata"]["namespace"], o["metadata"]["name"])  # noqa: E731
+    assert sorted(map(key, whole)) == sorted(map(key, first + rest))
+    assert whole_status == first_status + rest_status
+    assert all("resourceVersion" not in o["metadata"] for o in whole)
+    # explicit health-check node ports, each once, the same whichever size loaded them
+    hc = {o["metadata"]["name"]: o["spec"]["healthCheckNodePort"] for o in whole
+          if "healthCheckNodePort" in o.get("spec", {})}
+    assert hc and sorted(hc.values()) == list(range(HC_PORT_BASE, HC_PORT_BASE + len(hc)))
+    assert hc == {o["metadata"]["name"]: o["spec"]["healthCheckNodePort"] for o in first + rest
+                  if "healthCheckNodePort" in o.get("spec", {})}
+
+
+def test_change_series_takes_turns_over_distinct_services() -> None:
+    svcs = services(generate(500, 3))
+    series = change_series(svcs, 200, 100)
+    assert [c.measured for c in series[:6]] == [True, False] * 3
+    assert sum(c.measured for c in series) == 200 and len(series) == 300
+    assert len({c.svc.index for c in series}) == 300
+    assert all(c.version == 1 for c in series)
+    small = change_series(svcs[:50], 60, 60)
+    assert len(small) == 120 and max(c.version for c in small) == 3
+
+
+def test_cpu_seconds_counts_the_children_waited_for() -> None:
+    stat = ("123 (kube (proxy)) S 1 123 123 0 -1 4194560 100 0 0 0 250 50 30 20 20 0 12 0 "
+            "900 0 0")
+    assert cpu_seconds(stat, 100) == 3.5
+
+
+def test_percentile() -> None:
+    assert percentile([float(i) for i in range(1, 201)], 0.99) == 198.0
+    assert percentile([3.0, 1.0, 2.0], 0.5) == 2.0
+
+
+def test_rows_are_ipvsproxy_over_each_peer() -> None:
+    ours = {"cold": {"cold_s": 10.0, "cpu_s": 4.0}, "rss_first_mb": 50.0,
+            "changes": {"p99_s": 1.0, "cpu_per_1000_s": 5.0}}
+    theirs = {"cold": {"cold_s": 40.0, "cpu_s": 8.0}, "rss_first_mb": 40.0,
+              "changes": {"p99_s": 4.0, "cpu_per_1000_s": 20.0}}
+    slow = {"cold": {"capped": 60.0}}
+    got = {r["key"]: r for r in peers.rows(1000, {"ipvsproxy": ours, "kube-proxy-ipvs": theirs,
+                                                  "kube-proxy-iptables": slow}, 60.0)}
+    assert got["cold"]["ratios"] == {"kube-proxy-ipvs": 0.25} and got["cold"]["met"] is True
+    assert got["rss_first"]["ratios"]["kube-proxy-ipvs"] == 1.25
+    assert got["rss_first"]["met"] is False
+    assert got["cold"]["values"]["kube-proxy-iptables"] == "> 60 s"
+    assert "target" not in got["p50"]
+    text = peers.table(list(got.values()), ["ipvsproxy", "kube-proxy-ipvs",
+                                            "kube-proxy-iptables"])
+    assert "| 1,000 | cold node: start to every endpoint in the kernel (s) | 10.0 | 40.0 | 0.25 |" \
+        in text
+
+
+def test_the_control_server_answers_an_extra_action_with_its_query() -> None:
+    from typing import Any
+
+    from integration.upstream.controlplane import ControlPlane
+    from integration.upstream.remote import Remote, serve_control
+
+    calls: list[dict[str, str]] = []
+
+    def load(q: dict[str, str]) -> dict[str, Any]:
+        calls.append(q)
+        return {"services": int(q["services"])}
+
+    unstarted = ControlPlane.__new__(ControlPlane)  # nothing of it is called
+    server = serve_control(unstarted, extra={("POST", "/load"): load})
+    try:
+        remote = Remote({"url": "https://127.0.0.1:1", "ca_pem": "", "admin_token": "",
+                         "control": f"http://127.0.0.1:{server.server_address[1]}"})
+        assert remote.call("POST", "/load?services=1000&dests=10") == {"services": 1000}
+        assert calls == [{"services": "1000", "dests": "10"}]
+    finally:
+        server.shutdown()
