@@ -1,5 +1,5 @@
 """One tenant's Service against the daemon (issue 32): the attacks a namespace editor can make,
-each measured from outside the daemon, for the README's security table. Not a test: figures.
+each measured from outside the daemon, for docs/reliability.md's table. Not a test: figures.
 
 Inside the lab (it programs the kernel):
 

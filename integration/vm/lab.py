@@ -86,7 +86,7 @@ def ensure_kernel(cache: Path | None = None) -> Kernel:
 
     IPVSPROXY_LAB_KERNEL names another version of Debian's kernel that apt can fetch (and pins
     it for later runs); IPVSPROXY_LAB_KERNEL_DEB is the path or URL of any Debian linux-image
-    .deb, e.g. a newer release's, used for that run only (see README, Development)."""
+    .deb, e.g. a newer release's, used for that run only (see docs/testing.md, Development)."""
     cache = cache or cache_dir()
     cache.mkdir(parents=True, exist_ok=True)
     deb = os.environ.get("IPVSPROXY_LAB_KERNEL_DEB", "")

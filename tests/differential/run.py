@@ -440,7 +440,7 @@ def main(argv: list[str] | None = None) -> int:
 def new_seed() -> int:
     """A seed nobody chose: each run of the suite meets clusters no one looked at before
     (the generator makes a valid cluster of every seed). 1,000 and up: below are the seeds
-    the README's figures name."""
+    the figures in docs/testing.md name."""
     return random.SystemRandom().randrange(1_000, 1_000_000)
 
 
@@ -451,7 +451,7 @@ def rerun(seed: int, clusters: int, services: int, changes_: int) -> str:
 
 
 def report(outcomes: list[Outcome], seconds: float) -> dict[str, Any]:
-    """The figures for the README: clusters, objects, changes, differences by kind and by
+    """The figures for docs/testing.md: clusters, objects, changes, differences by kind and by
     class, per comparison."""
     by_kind: dict[str, Counter[str]] = {}
     by_class: dict[str, Counter[str]] = {}
