@@ -34,7 +34,12 @@ from ipvsproxy.core.ipvs import (
 from ipvsproxy.core.ipvs_cmdline import op_line
 from ipvsproxy.core.model import Problem
 from ipvsproxy.core.rules import TABLES, jump_line
-from ipvsproxy.core.takeover import Takeover, iptables_leftovers, kube_proxy_services
+from ipvsproxy.core.takeover import (
+    Takeover,
+    iptables_leftovers,
+    kube_proxy_services,
+    wanted_kube_proxy_services,
+)
 
 IPAddress = IPv4Address | IPv6Address
 IPNetwork = IPv4Network | IPv6Network
@@ -332,9 +337,12 @@ def diff(des: Desired, obs: Observed, exclude: Sequence[IPNetwork] = (),
             owned.add(key)
     adopted: set[ServiceKey] = set()
     if takeover is not None:
-        adopted = kube_proxy_services(
-            (k for k in obs.services if k not in owned
-             and owned_entry(k) not in foreign_members), obs.sets, takeover.node_addresses)
+        theirs = [k for k in obs.services if k not in owned
+                  and owned_entry(k) not in foreign_members]
+        adopted = kube_proxy_services(theirs, obs.sets, takeover.node_addresses)
+        adopted |= wanted_kube_proxy_services(
+            (k for k in theirs if k in des.services and k not in adopted), des.owners,
+            obs.addresses, takeover.node_addresses, frozenset(adopted))
         owned |= adopted
     want_sets = {n: set(m) for n, m in des.sets.items()}
     ipvs_add: list[Ipvs] = []

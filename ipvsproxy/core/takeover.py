@@ -10,10 +10,18 @@ the diff (core/plan.py) calls it over what the kernel holds, and orders the step
   (KUBE-NODE-PORT-SCTP-HASH address,sctp:port). A virtual server not recorded as ipvsproxy's that
   a role set names is kube-proxy's (`kube_proxy_services`): it becomes ipvsproxy's (recorded in
   IPVSPROXY-OWNED-VS) and is edited in place, its connections kept; one ipvsproxy would not
-  program is deleted after everything it will program is in place. ipvsproxy writes role entries
-  for a desired frontend that someone else's virtual server holds (it leaves that one alone),
-  so it records those in IPVSPROXY-FOREIGN-VS, and nothing listed there is ever taken for
-  kube-proxy's.
+  program is deleted after everything it will program is in place. kube-proxy writes those sets
+  at the end of a sync, after IPVS and kube-ipvs0 (pkg/proxy/ipvs/proxier.go syncProxyRules:
+  syncService, then syncIPSetEntries, one `ipset` process per entry): a kube-proxy stopped
+  during a sync (its first one, say, or a rolling update's) leaves virtual servers its sets do
+  not name yet. So a virtual server at a frontend ipvsproxy wants is kube-proxy's on weaker
+  evidence too (`wanted_kube_proxy_services`): its address bound on kube-ipvs0 (kube-proxy's
+  dummy link; kube-proxy binds it right after adding the virtual server), or, on a node
+  address, a NodePort of a Service port whose other frontends are kube-proxy's. (A Service
+  deleted while no proxy ran is not wanted: its virtual server goes only on the sets' word.)
+  ipvsproxy writes role entries for a desired frontend that someone else's virtual server
+  holds (it leaves that one alone), so it records those in IPVSPROXY-FOREIGN-VS, and nothing
+  listed there is ever taken for kube-proxy's.
 - iptables mode. Its chains (`iptables_leftovers`): KUBE-SVC-*, KUBE-SVL-*, KUBE-EXT-*, KUBE-FW-*,
   KUBE-SEP-*, KUBE-NODEPORTS and KUBE-PROXY-CANARY in nat; KUBE-SERVICES,
   KUBE-EXTERNAL-SERVICES, KUBE-NODEPORTS and KUBE-PROXY-CANARY in filter (pkg/proxy/iptables
@@ -91,6 +99,27 @@ def kube_proxy_services(services: Iterable[ServiceKey], sets: Mapping[str, froze
                     T.family_name(NODE_PORT_SETS[key.protocol], fam), ())
             if named:
                 out.add(key)
+    return out
+
+
+def wanted_kube_proxy_services(present: Iterable[ServiceKey], owners: Mapping[ServiceKey, str],
+                               bound: frozenset[IPAddress], node_addresses: frozenset[IPAddress],
+                               adopted: frozenset[ServiceKey]) -> set[ServiceKey]:
+    """Among `present` (virtual servers at frontends ipvsproxy wants, neither ipvsproxy's nor
+    recorded as foreign, nor in `adopted` already): kube-proxy's by the weaker evidence of the
+    module's docstring. `owners`: each wanted frontend's Service port ("ns/name:port")."""
+    out: set[ServiceKey] = set()
+    rest: list[ServiceKey] = []
+    for key in present:
+        if key.fwmark or key.addr is None:
+            continue
+        if key.addr in bound:
+            out.add(key)
+        elif key.addr in node_addresses:
+            rest.append(key)
+    theirs = {owners.get(k) for k in (*adopted, *out)}
+    theirs.discard(None)
+    out.update(k for k in rest if owners.get(k) in theirs)
     return out
 
 

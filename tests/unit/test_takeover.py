@@ -98,6 +98,31 @@ def test_someone_elses_virtual_server_is_recorded_and_never_taken_for_kube_proxy
     assert [o for o in ops(again) if o[1] == "TCP 10.96.0.10:80"] == []
 
 
+def test_a_kube_proxy_stopped_before_its_sets_were_written_is_taken_over_too() -> None:
+    """kube-proxy writes IPVS and kube-ipvs0 first and its sets at the end of a sync: stopped in
+    between, its virtual servers are on kube-ipvs0's addresses (and the NodePorts on the node's)
+    with no set naming them. The frontends ipvsproxy wants are adopted all the same (found in
+    the lab: a kube-proxy stopped during its first sync); one it does not want, at a bound
+    address but named by no set, is not kube-proxy's for sure and stays."""
+    d = desired(*CLUSTER)
+    kernel = as_kube_proxy_left_it(d)
+    stray = key("TCP 10.96.0.10:8443")
+    stray_vs = ObservedService(d.services[key("TCP 10.96.0.10:80")]._replace(key=stray), ())
+    kernel = replace(kernel, sets={n: frozenset() for n in kernel.sets},
+                     services={**kernel.services, stray: stray_vs})
+    assert kernel.addresses  # ClusterIPs bound on kube-ipvs0
+    plan = diff(d, kernel, takeover=TAKEOVER)
+    assert {str(k) for k in plan.adopted} == {"TCP 10.96.0.10:80", "TCP 192.168.1.10:30080",
+                                              "TCP 10.244.1.1:30080", "UDP 10.96.0.53:53"}
+    assert not plan.problems and not plan.foreign
+    assert [o for o in ops(plan) if o[0] in ("DEL_SERVICE", "ADD_SERVICE")] == []
+    # without kube-ipvs0's word (the address not bound), a ClusterIP is not taken: nor is the
+    # NodePort of its Service port
+    unbound = replace(kernel, addresses=frozenset())
+    alone = diff(d, unbound, takeover=TAKEOVER)
+    assert not alone.adopted and len(alone.foreign) == 4
+
+
 # kube-proxy v1.35's iptables mode, as iptables-save prints it (trimmed to one service), with the
 # kubelet's KUBE-FIREWALL and a rule of someone else's
 IPTABLES_MODE = """*nat
