@@ -114,6 +114,15 @@ conformance: setup
 	$(PY) -m integration.vm.lab --timeout 14400 --rwdir bench/results -- \
 		'python -m tests.differential.run --json bench/results/conformance.json $(CONFORMANCE_ARGS)'
 
+# A live node moved between kube-proxy v1.35.4 and ipvsproxy under real traffic (issue 36;
+# tests/takeover/moves.py, one move at 20 Services is part of make test): kube-proxy IPVS ->
+# ipvsproxy, back, iptables and nftables mode -> ipvsproxy, and the old cleanup procedure as the
+# baseline, at 200 Services; the table printed, the figures in bench/results/takeover.json.
+takeover: setup
+	@mkdir -p bench/results
+	$(PY) -m integration.vm.lab --timeout 7200 --memory 4G --rwdir bench/results -- \
+		'python -m tests.takeover.moves --json bench/results/takeover.json $(TAKEOVER_ARGS)'
+
 # Run any command inside the lab guest: make lab CMD='ipvsadm -Ln'
 lab: setup
 	$(PY) -m integration.vm.lab -- '$(CMD)'

@@ -59,6 +59,8 @@ class Result:
     leftovers: list[str] = field(default_factory=list)  # differences that are not the proxy's
     log: list[str] = field(default_factory=list)  # the new proxy's takeover lines
     long_total: int = 0  # long-lived connections made
+    seconds: float = 0.0  # the whole move, its comparison included
+    error: str = ""  # the move could not be completed: why
 
     def figures(self) -> dict[str, int]:
         out = {"new ok": 0, "new failed": 0, "long ok": 0, "long broken": 0, "udp ok": 0,
@@ -182,11 +184,12 @@ def daemon(env: Env, which: str) -> Daemon:
 
 
 def ipvs_dests(svc: C.Svc) -> set[str]:
-    """The real servers the kernel's IPVS holds for a service's ClusterIP."""
+    """The real servers taking new connections at a service's ClusterIP in the kernel's IPVS:
+    weight > 0 (one removed while connections remain drains at weight 0, as with kube-proxy)."""
     proto = "-u" if svc.udp else "-t"
     out = sh(f"ipvsadm -Ln {proto} {svc.cluster_ip}:{svc.port}", check=False)
-    return {ln.split()[1].rpartition(":")[0] for ln in out.splitlines() if "->" in ln
-            and ln.split()[1][0].isdigit()}
+    return {f[1].rpartition(":")[0] for f in map(str.split, out.splitlines())
+            if len(f) >= 4 and f[0] == "->" and f[1][0].isdigit() and int(f[3]) > 0}
 
 
 def _missing(svc: C.Svc) -> bool:
@@ -208,11 +211,22 @@ def changes(plan: C.Plan) -> list[Change]:
     ]
 
 
+def not_followed(plan: C.Plan) -> list[str]:
+    """The changes made while no proxy ran that the kernel does not hold yet."""
+    out = []
+    if C.PODS["pod4"] not in ipvs_dests(plan.grown):
+        out.append(f"grown {plan.grown.cluster_ip}: no pod4")
+    if C.PODS[plan.shrunk.pods[0]] in ipvs_dests(plan.shrunk):
+        out.append(f"shrunk {plan.shrunk.cluster_ip}: {plan.shrunk.pods[0]} still in")
+    if not _missing(plan.deleted):
+        out.append(f"deleted {plan.deleted.cluster_ip}: virtual server still there")
+    if _missing(plan.created):
+        out.append(f"created {plan.created.cluster_ip}: no virtual server")
+    return out
+
+
 def followed_ok(plan: C.Plan) -> bool:
-    # a deleted service has no virtual server any more; the created one has one
-    grown = C.PODS["pod4"] in ipvs_dests(plan.grown)
-    shrunk = C.PODS[plan.shrunk.pods[0]] not in ipvs_dests(plan.shrunk)
-    return grown and shrunk and _missing(plan.deleted) and not _missing(plan.created)
+    return not not_followed(plan)
 
 
 # ------------------------------------------------------------------------------ one move
@@ -236,6 +250,7 @@ def serving(plan: C.Plan) -> None:
 def move(env: Env, plan: C.Plan, name: str, rate: float, before: float, after: float,
          n: int) -> Result:
     what, old_name, new_name = MOVES[name]
+    started = time.monotonic()
     res = Result(what, long_total=sum(len(t.long) for t in plan.traffic.values()))
     env.reset_sysctls()
     load(env, plan)
@@ -243,6 +258,9 @@ def move(env: Env, plan: C.Plan, name: str, rate: float, before: float, after: f
     old.start()
     try:
         serving(plan)
+        # a node the old proxy has served: its first whole sync ended (kube-proxy's IPVS mode
+        # writes its sets last, after IPVS and the addresses that already serve)
+        old.settle()
     except RunError:
         raise RunError(f"{old_name} never served the cluster:\n{old.tail()}") from None
     clients = Clients(plan, env.work, rate)
@@ -263,7 +281,8 @@ def move(env: Env, plan: C.Plan, name: str, rate: float, before: float, after: f
             if time.monotonic() - t0 > WAIT:
                 said = [ln for ln in new.log.read_text(errors="replace").splitlines()
                         if "taking over" in ln or '"started"' in ln][:5]
-                raise RunError(f"{new_name} did not follow the changes within {WAIT:.0f}s:\n"
+                raise RunError(f"{new_name} did not follow the changes within {WAIT:.0f}s "
+                               f"({not_followed(plan)}):\n"
                                f"{new.tail()}\n{said}\n{sh('ipset save', check=False)[:3000]}")
             time.sleep(0.5)
         res.followed = time.monotonic() - t0
@@ -301,6 +320,7 @@ def move(env: Env, plan: C.Plan, name: str, rate: float, before: float, after: f
         for d in items:
             (res.leftovers if leftover(d, old_name) else res.differences).append(str(d))
     scrub()
+    res.seconds = time.monotonic() - started
     return res
 
 
@@ -321,7 +341,9 @@ def scrub() -> None:
 
 
 def run_moves(names: list[str], size: int, rate: float, before: float, after: float,
-              work: Path | None = None) -> list[Result]:
+              work: Path | None = None, json_path: str = "") -> list[Result]:
+    """Each move in turn on one node; one that cannot be completed is recorded with its error
+    and the next one runs. `json_path`: the results so far, written after each move."""
     plan = C.plan(size)
     out = []
     pods = Pods()
@@ -330,7 +352,16 @@ def run_moves(names: list[str], size: int, rate: float, before: float, after: fl
         try:
             for i, name in enumerate(names):
                 scrub()
-                out.append(move(env, plan, name, rate, before, after, 2 * i))
+                t0 = time.monotonic()
+                try:
+                    out.append(move(env, plan, name, rate, before, after, 2 * i))
+                except RunError as exc:
+                    out.append(Result(MOVES[name][0], error=str(exc)[-3000:],
+                                      seconds=time.monotonic() - t0))
+                    print(f"{name}: could not be completed: {exc}", flush=True)
+                print(table(out[-1:]), flush=True)
+                if json_path:
+                    Path(json_path).write_text(json.dumps([r.__dict__ for r in out], indent=1))
         finally:
             pods.down()
             scrub()
@@ -341,6 +372,10 @@ def table(results: list[Result]) -> str:
     rows = ["| move | new TCP failed | long-lived broken | UDP lost | changes followed after |"
             " state vs a clean node |", "|---|---|---|---|---|---|"]
     for r in results:
+        if r.error:
+            rows.append(f"| {r.move} | could not be completed: {r.error.splitlines()[0][:200]} "
+                        "| | | | |")
+            continue
         f = r.figures()
         rows.append(f"| {r.move} | {f['new failed']} of {f['new ok'] + f['new failed']} | "
                     f"{f['long broken']} of {r.long_total} | "
@@ -359,9 +394,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--before", type=float, default=10.0, help="traffic seconds before")
     ap.add_argument("--after", type=float, default=20.0, help="traffic seconds after")
     ap.add_argument("--json", default="")
+    ap.add_argument("--work", default="", help="keep the proxies' logs and configs here")
     args = ap.parse_args(argv)
     t0 = time.monotonic()
-    results = run_moves(args.moves.split(","), args.size, args.rate, args.before, args.after)
+    results = run_moves(args.moves.split(","), args.size, args.rate, args.before, args.after,
+                        Path(args.work) if args.work else None, args.json)
     print(table(results))
     for r in results:
         for d in r.differences:
@@ -369,9 +406,7 @@ def main(argv: list[str] | None = None) -> int:
         for line in r.log:
             print(f"{r.move}: {line}")
     print(f"{len(results)} moves at {args.size} services in {time.monotonic() - t0:.0f} s")
-    if args.json:
-        Path(args.json).write_text(json.dumps([r.__dict__ for r in results], indent=1))
-    return 0
+    return 1 if any(r.error for r in results) else 0
 
 
 if __name__ == "__main__":
