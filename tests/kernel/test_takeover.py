@@ -7,9 +7,10 @@ connections at a fixed rate, long-lived connections that send and read back ever
 request and reply); kube-proxy is stopped (SIGTERM: it leaves its state), a Service gains an
 endpoint and another loses one, one is deleted and one created through the API server while no
 proxy runs, then ipvsproxy starts with --adopt-kube-proxy (as deploy/daemonset.yaml runs it). No
-connection may fail, the changes must be followed, and the node's state must equal what
-ipvsproxy programs on a clean node. `make takeover` runs every move (back to kube-proxy, from
-iptables and nftables mode, and the old cleanup procedure as the baseline) at 200 Services.
+connection may fail and the changes must be followed. `make takeover` runs every move (back to
+kube-proxy, from iptables and nftables mode, and the old cleanup procedure as the baseline) at
+200 Services, and compares each node afterwards with a clean node the new proxy programmed (left
+out here: two more minutes of make test's budget).
 """
 
 from __future__ import annotations
@@ -20,13 +21,14 @@ import pytest
 
 from tests.takeover import moves
 
-pytestmark = [pytest.mark.kernel, pytest.mark.lab_cost(420)]  # seconds, balances lab guests
+pytestmark = [pytest.mark.kernel, pytest.mark.lab_cost(300)]  # seconds, balances lab guests
 
 
 @pytest.fixture(scope="module")
 def moved(tmp_path_factory: pytest.TempPathFactory) -> moves.Result:
     work: Path = tmp_path_factory.mktemp("takeover")
-    [result] = moves.run_moves(["ipvs"], size=20, rate=10.0, before=5.0, after=5.0, work=work)
+    [result] = moves.run_moves(["ipvs"], size=20, rate=10.0, before=5.0, after=5.0, work=work,
+                               compare=False)
     print(moves.table([result]))
     return result
 
@@ -43,5 +45,3 @@ def test_ipvsproxy_took_kube_proxys_state_over_and_followed_the_changes(
     assert not moved.error, moved.error
     assert moved.followed > 0
     assert any("taking over from kube-proxy" in line for line in moved.log), moved.log
-    # the node now is what ipvsproxy programs on a clean node, kube-proxy's leftovers gone
-    assert moved.differences == [], "\n".join(moved.differences)
