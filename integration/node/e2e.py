@@ -6,9 +6,12 @@ Steps (each timed, each printing what it proves; the first failure ends the run)
               pause and kube-proxy images (integration/node/images.py)
   cluster     etcd, kube-apiserver, kube-controller-manager, kube-scheduler on the host, the
               node in the lab guest: containerd, runc, CNI, kubelet, registered and Ready
-  deploy      the operator's path: the ConfigMap with the API server's address, `kubectl
-              apply -k` of deploy/ (the image named as the README says), rollout status
+  kube-proxy  kube-proxy v1.35.4's DaemonSet (IPVS mode, as kubeadm deploys it) programs the
+              node
   workload    a Deployment of the echo image and its Services (ClusterIP, NodePort, UDP)
+  swap        deploy/README.md's "Replace kube-proxy", as one script, while clients on the
+              node and in a pod open connections: kube-proxy's DaemonSet parked, ipvsproxy's
+              applied, taking kube-proxy's state over in place; none may fail
   traffic     from a pod and from the node through the ClusterIP and the NodePort, TCP and
               UDP, answered by the pods; `kubectl exec daemonset/ipvsproxy -- ipvsproxy ls
               -Ln` lists them; /healthz answers through the probe (the pod is Ready) and on
@@ -19,10 +22,11 @@ Steps (each timed, each printing what it proves; the first failure ends the run)
   reboot      the node rebooted (the same disk, a new kernel: IPVS, ipsets, rules gone): the
               kubelet restarts the proxy, which reaches the API server through the
               ConfigMap's address and programs the node again; traffic flows
-  kube-proxy  (--kube-proxy-swap) kube-proxy's
-              DaemonSet running first, swapped for ipvsproxy's under traffic
+  deploy      (--no-kube-proxy, in place of kube-proxy and swap: a cluster that never had
+              kube-proxy) the operator's path command by command: the ConfigMap with the API
+              server's address, `kubectl apply -k` of deploy/, rollout status, the first sync
 
-    python -m integration.node.e2e [--keep] [--steps a,b,...] [--kube-proxy-swap]
+    python -m integration.node.e2e [--keep] [--steps a,b,...] [--no-kube-proxy]
 """
 
 from __future__ import annotations
@@ -44,9 +48,13 @@ from integration.node import cluster as c
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
-STEPS = ("images", "cluster", "deploy", "workload", "traffic", "scale", "rolling", "reboot")
-# --kube-proxy-swap: kube-proxy first, then deploy/README.md's "Replace kube-proxy" under traffic
-SWAP_STEPS = ("images", "cluster", "kube-proxy", "workload", "swap", "traffic")
+# kube-proxy first, then deploy/README.md's "Replace kube-proxy" under traffic, as an operator
+# moves a cluster; its kube-proxy and swap steps (~4 min) take the place of deploy (~4 min)
+STEPS = ("images", "cluster", "kube-proxy", "workload", "swap", "traffic", "scale", "rolling",
+         "reboot")
+# --no-kube-proxy: a cluster that never had kube-proxy, deploy/README.md's commands one by one
+FRESH_STEPS = ("images", "cluster", "deploy", "workload", "traffic", "scale", "rolling",
+               "reboot")
 REGISTRY = "localhost/ipvsproxy-e2e"
 NEXT_TAG = "0.1.0-next"
 
@@ -159,11 +167,19 @@ class E2E:
               + (" (the first ls listed nothing yet)" if "10.96.0.1:443" not in first else ""),
               flush=True)
         print("   " + listing.replace("\n", "\n   "), flush=True)
+        image = self.check_deployed()
+        return (f"deploy/README.md's commands as written: {image} rolled out, the pod Ready "
+                "(startup, readiness /healthz and liveness /livez probes through the kubelet), "
+                "`kubectl exec daemonset/ipvsproxy -- ipvsproxy ls -Ln` lists the kubernetes "
+                "Service")
+
+    def check_deployed(self) -> str:
+        """The DaemonSet's pod as deploy/ makes it: the image named as the README says, the
+        init container wrote the sysctls, the proxy runs without privilege and never failed to
+        write one (issue 32, item 12). The image."""
         pod = self.proxy_pod()
         image = pod["spec"]["containers"][0]["image"]
         check(image == f"{REGISTRY}/ipvsproxy:0.1.0", f"the pod runs {image}")
-        # Issue 32, item 12: the init container wrote the sysctls, the proxy runs without
-        # privilege and never failed to write one.
         context = pod["spec"]["containers"][0]["securityContext"]
         check(context.get("privileged") is False, f"the proxy's securityContext: {context}")
         init = [json.loads(line) for line in self.kubectl(
@@ -175,10 +191,7 @@ class E2E:
         check("sysctl" not in log, "the unprivileged proxy touched a sysctl:\n" + log[-2000:])
         print(f"   init container: {done[-1]['written']} of {done[-1]['needed']} sysctls "
               f"written; the proxy runs with {context}", flush=True)
-        return (f"deploy/README.md's commands as written: {image} rolled out, the pod Ready "
-                "(startup, readiness /healthz and liveness /livez probes through the kubelet), "
-                "`kubectl exec daemonset/ipvsproxy -- ipvsproxy ls -Ln` lists the kubernetes "
-                "Service")
+        return str(image)
 
     def step_workload(self) -> str:
         self.kubectl("apply", "-f", str(HERE / "manifests" / "workload.yaml"))
@@ -393,6 +406,9 @@ class E2E:
         for line in changes(self.node.collect("sampler", 60)["out"]):
             print(f"   | {line}", flush=True)
         total = check_clients(counts, urls)
+        wait_for("kube-proxy's pod to be gone", lambda: not self.get(
+            "-n", "kube-system", "pods", "-l", "k8s-app=kube-proxy")["items"], 300, 3)
+        self.check_deployed()
         return (f"kube-proxy swapped for ipvsproxy as deploy/README.md says, in {took:.0f} s, "
                 f"while the node and a pod opened {total} connections to the ClusterIP and "
                 "the NodePort: 0 failed")
@@ -536,7 +552,7 @@ def inside(args: argparse.Namespace) -> int:
     images = {k: (n, Path(p)) for k, (n, p) in json.loads(args.images).items()}
     work = Path(args.work)
     e2e = E2E(work, images)
-    default = SWAP_STEPS if args.kube_proxy_swap else STEPS
+    default = FRESH_STEPS if args.no_kube_proxy else STEPS
     steps = [s for s in (args.steps.split(",") if args.steps else default) if s != "images"]
     t_all = time.monotonic()
     failed = None
@@ -565,10 +581,11 @@ def inside(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", default="", help=f"comma list of {', '.join(STEPS)}")
+    parser.add_argument("--steps", default="", help=f"comma list of {', '.join(STEPS)} "
+                        "(or deploy, on a cluster without kube-proxy)")
     parser.add_argument("--keep", action="store_true", help="keep the cluster at the end")
-    parser.add_argument("--kube-proxy-swap", action="store_true",
-                        help="also swap a kube-proxy DaemonSet for ipvsproxy's")
+    parser.add_argument("--no-kube-proxy", action="store_true",
+                        help="a cluster that never had kube-proxy: deploy, not its swap")
     parser.add_argument("--inside", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--images", help=argparse.SUPPRESS)
     parser.add_argument("--work", help=argparse.SUPPRESS)
@@ -580,7 +597,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     t = time.monotonic()
     print("== images", flush=True)
-    images = build_images(args.kube_proxy_swap)
+    fresh = args.no_kube_proxy or (args.steps and "kube-proxy" not in args.steps.split(","))
+    images = build_images(kube_proxy=not fresh)
     print(f"   ok in {time.monotonic() - t:.0f} s: " + ", ".join(n for n, _ in images.values()),
           flush=True)
     work = c.temporary_work()
