@@ -4,6 +4,7 @@ deploy/README.md is there, its manifests name the images it builds, and its read
 
 from __future__ import annotations
 
+import pytest
 import yaml
 
 from integration.node import e2e, images, lock
@@ -57,3 +58,24 @@ def test_the_lock_reads_pins_with_or_without_hashes() -> None:
     assert out == ("# header\nfoo==1.0 \\\n    --hash=sha256:" + "a" * 64 + " \\\n"
                    "    --hash=sha256:" + "b" * 64 + "\nbar-baz==2.1.3 \\\n"
                    "    --hash=sha256:" + "c" * 64 + "\n")
+
+
+def test_the_swap_sampler_is_read_as_its_changes() -> None:
+    samples = ("14:00:00.000 proxy=[kube-proxy,] vs=6\n14:00:00.500 proxy=[kube-proxy,] vs=6\n"
+               "14:00:01.000 proxy=[] vs=6\n14:00:01.500 proxy=[] vs=6\n")
+    assert e2e.changes(samples) == ["14:00:00.000 proxy=[kube-proxy,] vs=6",
+                                    "14:00:01.000 proxy=[] vs=6", "14:00:01.500 proxy=[] vs=6"]
+    assert e2e.changes("") == []
+    assert "[i]pvsproxy run --config" in e2e.SAMPLER  # not the sampler's own command line
+
+
+def test_the_clients_fail_the_step_on_one_failed_connection() -> None:
+    urls = ["http://a/", "http://b/"]
+    ok = {"ok": 3, "failed": 0, "errors": [], "slowest": 0.1, "last_error": ""}
+    counts = {"node": {u: dict(ok) for u in urls}, "pod": {u: dict(ok) for u in urls}}
+    assert e2e.check_clients(counts, urls) == 12
+    counts["pod"]["http://b/"] = dict(ok, failed=1, errors=["14:00:01 refused"])
+    with pytest.raises(e2e.Failed, match="pod -> http://b/: 1 connections failed"):
+        e2e.check_clients(counts, urls)
+    with pytest.raises(e2e.Failed, match="the pod's clients"):
+        e2e.check_clients({"node": counts["node"], "pod": "kubectl exec: error"}, urls)

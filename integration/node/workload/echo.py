@@ -41,9 +41,10 @@ def udp(port: int) -> None:
 def loop(stop: str, urls: list[str]) -> dict[str, dict[str, object]]:
     """A connection answered late is counted with its time (`slowest`), not as failed: under
     the lab's emulation on a loaded machine a client or a pod may wait seconds for a CPU. A
-    connection refused, reset or unanswered for 10 s fails."""
-    out: dict[str, dict[str, object]] = {u: {"ok": 0, "failed": 0, "errors": [], "slowest": 0.0}
-                                         for u in urls}
+    connection refused, reset or unanswered for 10 s fails; the first five failures are kept,
+    and the last (`last_error`), so that a window of failures shows where it starts and ends."""
+    out: dict[str, dict[str, object]] = {u: {"ok": 0, "failed": 0, "errors": [], "slowest": 0.0,
+                                             "last_error": ""} for u in urls}
     while not os.path.exists(stop):
         for url in urls:
             t = time.monotonic()
@@ -55,9 +56,11 @@ def loop(stop: str, urls: list[str]) -> dict[str, dict[str, object]]:
                 out[url]["slowest"] = max(took, out[url]["slowest"])  # type: ignore[call-overload]
             except OSError as exc:
                 out[url]["failed"] += 1  # type: ignore[operator]
+                error = f"{time.strftime('%H:%M:%S')} {exc}"
                 errors = out[url]["errors"]
                 if isinstance(errors, list) and len(errors) < 5:
-                    errors.append(f"{time.strftime('%H:%M:%S')} {exc}")
+                    errors.append(error)
+                out[url]["last_error"] = error
         time.sleep(0.1)
     return out
 
