@@ -105,13 +105,19 @@ _PROBE = r"""
 import socket, sys, json
 tcp, udp = json.loads(sys.argv[1])
 for host, port in tcp:
-    with socket.create_connection((host, port), timeout=3) as s:
-        s.settimeout(3); s.sendall(b"probe\n")
-        assert s.makefile("rb").readline().endswith(b"probe\n")
+    try:
+        with socket.create_connection((host, port), timeout=3) as s:
+            s.settimeout(3); s.sendall(b"probe\n")
+            assert s.makefile("rb").readline().endswith(b"probe\n")
+    except (OSError, AssertionError) as e:
+        sys.exit(f"TCP {host}:{port}: {e!r}")
 for host, port in udp:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.settimeout(3); s.sendto(b"probe", (host, port))
-        assert s.recv(512).endswith(b"probe")
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.settimeout(3); s.sendto(b"probe", (host, port))
+            assert s.recv(512).endswith(b"probe")
+    except (OSError, AssertionError) as e:
+        sys.exit(f"UDP {host}:{port}: {e!r}")
 """
 
 
@@ -262,8 +268,8 @@ def move(env: Env, plan: C.Plan, name: str, rate: float, before: float, after: f
         # a node the old proxy has served: its first whole sync ended (kube-proxy's IPVS mode
         # writes its sets last, after IPVS and the addresses that already serve)
         old.settle()
-    except RunError:
-        raise RunError(f"{old_name} never served the cluster:\n{old.tail()}") from None
+    except RunError as exc:
+        raise RunError(f"{old_name} never served the cluster: {exc}\n{old.tail()}") from None
     clients = Clients(plan, env.work, rate)
     clients.start()
     new: Daemon | None = None
