@@ -39,4 +39,10 @@ def test_the_table_counts_every_clients_failures() -> None:
                            "pods": {}}}
     assert r.figures() == {"new ok": 15, "new failed": 1, "long ok": 80, "long broken": 1,
                            "udp ok": 20, "udp lost": 0}
-    assert "| a move | 1 of 16 | 1 of 5 | 0 of 20 | 3.2 s | 0 differences |" in table([r])
+    assert "| a move | 1 of 16 | 1 of 5 | 0 of 20 | 3.2 s | not compared |" in table([r])
+    r.compared, r.differences = True, ["[ipvs service] only kube-proxy: TCP 10.96.0.1:443"]
+    assert "| 3.2 s | 1 differences |" in table([r])
+    # a move that could not be completed says why, on one line
+    gone = Result("another", error="kube-proxy never served the cluster: TCP 1.2.3.4:80\ntail")
+    assert "| another | could not be completed: kube-proxy never served the cluster: TCP " \
+           "1.2.3.4:80 |" in table([gone])
