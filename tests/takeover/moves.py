@@ -232,9 +232,6 @@ def not_followed(plan: C.Plan) -> list[str]:
     return out
 
 
-def followed_ok(plan: C.Plan) -> bool:
-    return not not_followed(plan)
-
 
 # ------------------------------------------------------------------------------ one move
 
@@ -283,7 +280,7 @@ def move(env: Env, plan: C.Plan, name: str, rate: float, before: float, after: f
         new = daemon(env, new_name)
         t0 = time.monotonic()
         new.start()
-        while not followed_ok(plan):
+        while not_followed(plan):
             new.check(proxies.metrics())
             if time.monotonic() - t0 > WAIT:
                 said = [ln for ln in new.log.read_text(errors="replace").splitlines()
