@@ -131,6 +131,11 @@ class Reconciler:
         self.after_sync: Callable[[], None] | None = None  # e.g. health-check node ports
         self.names: Any = None  # a names.Publisher: who owns each virtual server, for ls/explain
         self.foreign: set[ServiceKey] = set()  # desired, but someone else's in the kernel
+        # --adopt-kube-proxy: until a full sync has applied cleanly, kube-proxy's state is
+        # looked for and adopted; after that none is left (its virtual servers adopted or
+        # removed, chains replaced, nftables tables deleted), so later full syncs skip the
+        # search (an `nft list tables` per sync). A restarted ipvsproxy looks again.
+        self.taking_over = cfg.adopt_kube_proxy
         # what the names file was last written from (None: write at the next sync); without it
         # every sync would copy and filter the owners of all services (10k+) for nothing
         self._published: tuple[int, frozenset[ServiceKey]] | None = None
@@ -213,13 +218,15 @@ class Reconciler:
     def _full_sync(self, changes: Changes) -> SyncResult:
         self.host = self.kernel.host_facts()
         des = compute_desired(self.store.snapshot(), self.host, self.cfg)
-        takeover = Takeover.of(self.host.addresses) if self.cfg.adopt_kube_proxy else None
+        takeover = Takeover.of(self.host.addresses) if self.taking_over else None
         obs = self.kernel.observe(des, takeover is not None)
         plan = diff(des, obs, self.cfg.exclude_cidrs, self._expired(), takeover)
         if plan.adopted or plan.replaced_chains or obs.nft_tables:
             log.info("taking over from kube-proxy", virtual_servers=len(plan.adopted),
                      iptables_chains=plan.replaced_chains, nftables=sorted(obs.nft_tables))
         failures = self.kernel.apply(plan)
+        if not failures:
+            self.taking_over = False
         self._track_draining(plan, None)
         self.foreign = set(plan.foreign)
         self.applied = Applied.from_full(des, plan.specs)

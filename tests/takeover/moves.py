@@ -256,7 +256,7 @@ def move(env: Env, plan: C.Plan, name: str, rate: float, before: float, after: f
     what, old_name, new_name = MOVES[name]
     started = time.monotonic()
     res = Result(what, long_total=sum(len(t.long) for t in plan.traffic.values()))
-    env.reset_sysctls()
+    node_sysctls(env)
     load(env, plan)
     old = daemon(env, old_name)
     old.start()
@@ -310,7 +310,7 @@ def move(env: Env, plan: C.Plan, name: str, rate: float, before: float, after: f
         res.seconds = time.monotonic() - started
         return res
     # the same proxy from a clean node, for comparison
-    env.reset_sysctls()
+    node_sysctls(env)
     fresh_d = daemon(env, new_name)
     fresh_d.start()
     try:
@@ -336,13 +336,23 @@ def move(env: Env, plan: C.Plan, name: str, rate: float, before: float, after: f
     return res
 
 
+def node_sysctls(env: Env) -> None:
+    """The node's sysctls as before any proxy ran, on a node with a pod network: it forwards
+    (the CNI bridge plugin and kubeadm's preflight see to it; kube-proxy's iptables and nftables
+    modes rely on it and do not set it, and without it a ClusterIP never answers a pod)."""
+    env.reset_sysctls()
+    Path("/proc/sys/net/ipv4/ip_forward").write_text("1\n")
+
+
 def leftover(d: snapshot.Difference, old: str) -> bool:
     """A difference the new proxy leaves on purpose: state of the old proxy's that is not a
     proxy's to remove. kube-proxy's iptables mode makes the kubelet's KUBE-FIREWALL chain
     (iptablesKubeletJumpChains; its CleanupLeftovers keeps it too) and sets route_localnet."""
-    if old != "kube-proxy iptables" or d.candidate is None or d.reference is not None:
+    if old != "kube-proxy iptables" or d.candidate is None:
         return False
-    return "KUBE-FIREWALL" in d.key or d.key == "net/ipv4/conf/all/route_localnet"
+    if d.key == "net/ipv4/conf/all/route_localnet":  # KUBE-FIREWALL guards it (CVE-2020-8558)
+        return d.candidate == "1"
+    return "KUBE-FIREWALL" in d.key and d.reference is None
 
 
 def scrub() -> None:
@@ -370,7 +380,10 @@ def run_moves(names: list[str], size: int, rate: float, before: float, after: fl
                 try:
                     out.append(move(env, plan, name, rate, before, after, 2 * i, compare))
                 except RunError as exc:
-                    out.append(Result(MOVES[name][0], error=str(exc)[-3000:],
+                    msg = str(exc)  # its first line says what; the tail, the logs
+                    if len(msg) > 3000:
+                        msg = f"{msg[:1500]}\n...\n{msg[-1500:]}"
+                    out.append(Result(MOVES[name][0], error=msg,
                                       seconds=time.monotonic() - t0))
                     print(f"{name}: could not be completed: {exc}", flush=True)
                 print(table(out[-1:]), flush=True)

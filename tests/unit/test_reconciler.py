@@ -39,7 +39,7 @@ class Recorder:
         return HOST
 
     def observe(self, des: Desired, nft: bool = False) -> Observed:
-        self.calls.append("observe")
+        self.calls.append("observe" + (" nft" if nft else ""))
         self.state = des
         return Observed() if len(self.plans) == 0 else as_observed(self.state)
 
@@ -100,6 +100,22 @@ def test_a_failed_shared_operation_is_retried_by_a_full_sync() -> None:
     assert r.applied is None  # the kernel is not as planned: read it all again next time
     assert r.sync_once(s.take(), full=False)
     assert r.last is not None and r.last.mode == "full"
+
+
+def test_kube_proxy_is_looked_for_until_a_full_sync_applied_cleanly() -> None:
+    s, k = cluster(3), Recorder()
+    r = Reconciler(Config(hostname=NODE, min_sync_period=0.0, sync_period=3600.0,
+                          adopt_kube_proxy=True), s, kernel=k)
+    k.fail_next = 1
+    r.sync_once(s.take(), full=True)
+    r.sync_once(s.take(), full=True)  # the first one failed in part: look again
+    r.sync_once(s.take(), full=True)  # it applied cleanly: nothing of kube-proxy's is left
+    assert [c for c in k.calls if c.startswith("observe")] == ["observe nft", "observe nft",
+                                                               "observe"]
+    s2, k2 = cluster(3), Recorder()
+    r2 = Reconciler(CFG, s2, kernel=k2)  # without the flag, never
+    r2.sync_once(s2.take(), full=True)
+    assert k2.calls[0] == "observe"
 
 
 def test_a_refused_operation_on_one_service_fails_neither_the_sync_nor_health() -> None:

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from tests.differential.snapshot import Difference
 from tests.takeover import cluster as C
-from tests.takeover.moves import Result, changes, table
+from tests.takeover.moves import Result, changes, leftover, table
 
 
 @pytest.mark.parametrize("size", [20, 200])
@@ -46,3 +47,16 @@ def test_the_table_counts_every_clients_failures() -> None:
     gone = Result("another", error="kube-proxy never served the cluster: TCP 1.2.3.4:80\ntail")
     assert "| another | could not be completed: kube-proxy never served the cluster: TCP " \
            "1.2.3.4:80 |" in table([gone])
+
+
+def test_what_kube_proxys_iptables_mode_leaves_on_purpose() -> None:
+    ipt = "kube-proxy iptables"
+    localnet = Difference("sysctl", "net/ipv4/conf/all/route_localnet", "0", "1")
+    firewall = Difference("iptables rule", "v4 filter KUBE-FIREWALL chain", None, "chain")
+    assert leftover(localnet, ipt) and leftover(firewall, ipt)
+    assert not leftover(localnet, "kube-proxy ipvs")  # only iptables mode sets them
+    # the other way round (the moved node lacks what a clean one has) is a real difference
+    assert not leftover(Difference("sysctl", "net/ipv4/conf/all/route_localnet", "1", "0"), ipt)
+    assert not leftover(Difference("iptables rule", "v4 filter KUBE-FIREWALL chain", "chain",
+                                   None), ipt)
+    assert not leftover(Difference("sysctl", "net/ipv4/ip_forward", "1", "0"), ipt)
