@@ -86,8 +86,9 @@ class Context:
         if params is not None:
             c.service_cidrs = params.service_cidrs
             c.cluster_cidrs = params.cluster_cidrs
-            if not c.node_ips:
-                c.node_ips = params.node_ips
+            # ipvsproxy refuses the addresses on the node's own links, not only those its Node
+            # object lists (an IPv4-only Node on a NIC with an IPv6 address too: seed 424834)
+            c.node_ips = tuple(dict.fromkeys((*c.node_ips, *params.node_ips)))
         spelled: set[str] = set()
         zeros: set[str] = set()
         mapped: set[str] = set()

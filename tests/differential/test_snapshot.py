@@ -12,6 +12,7 @@ import pytest
 
 from tests.differential import deviations as D
 from tests.differential import snapshot as S
+from tests.differential.cluster import Params
 from tests.differential.snapshot import Difference
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -291,6 +292,21 @@ def test_every_documented_deviation_names_a_test_that_exists() -> None:
         tree = ast.parse((ROOT / path).read_text())
         names = {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
         assert name in names, f"{dev.name}: {dev.test} does not exist"
+
+
+def test_an_address_of_the_nodes_link_the_node_object_omits_is_the_nodes_too() -> None:
+    """Seed 424834: an IPv4-only Node, an IPv6 LB ingress IP equal to the lab NIC's IPv6
+    address, which ipvsproxy refuses as this node's and kube-proxy programs."""
+    objs: list[dict[str, Any]] = [
+        {"kind": "Node", "metadata": {"name": "n"},
+         "status": {"addresses": [{"type": "InternalIP", "address": "192.168.77.10"}]}},
+        {"kind": "Service", "metadata": {"namespace": "a", "name": "lb"},
+         "spec": {"type": "LoadBalancer", "clusterIPs": ["fd00:96::9"],
+                  "ports": [{"protocol": "TCP", "port": 9090}]},
+         "status": {"loadBalancer": {"ingress": [{"ip": "fd00:77::10", "ipMode": "VIP"}]}}}]
+    ctx = D.Context.from_objects(objs, Params())
+    assert D.classify(Difference("ipvs service", "TCP [fd00:77::10]:9090", "-s rr", None),
+                      ctx) == "documented: tenant addresses refused"
 
 
 def test_readme_says_ignores_line_breaks() -> None:
