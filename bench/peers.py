@@ -560,6 +560,11 @@ def main(argv_: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="peers-"))
     node_up(remote)
     kubeconfig = remote.kubeconfig(work / "admin.kubeconfig")
+    # a cluster node forwards (its CNI sets ip_forward; kube-proxy's iptables and nftables
+    # modes rely on it and do not set it): take it into the state each proxy starts from, or
+    # clean() turns it off again and those modes' ClusterIPs drop every packet from a pod
+    # (their dataplane rows timed out on 2026-11-27 while IPVS, local to kube-ipvs0, worked)
+    sh("sysctl -qw net.ipv4.ip_forward=1")
     sysctls = snapshot.sysctl_values(snapshot.read()["sysctls"])
     peers_dataplane.up()
     started = time.strftime("%Y-%m-%d %H:%M")
