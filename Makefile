@@ -12,7 +12,7 @@ PYTHON ?= $(shell /usr/bin/python3 -c 'import sys; sys.exit(sys.version_info < (
 	2>/dev/null && echo /usr/bin/python3 || echo python3)
 CMD ?= uname -r; modprobe ip_vs && ipvsadm -Ln
 
-.PHONY: setup host-packages venv kernel upstream lint types unit test demo lab bench bench-large bench-peers chaos capacity soak conformance clean kind-e2e e2e lock takeover
+.PHONY: setup host-packages venv kernel upstream lint types unit test demo lab bench bench-large bench-peers profile-cold chaos capacity soak conformance clean kind-e2e e2e lock takeover
 
 setup: host-packages venv kernel upstream
 
@@ -73,6 +73,13 @@ PEERS_MEMORY ?= 4G
 bench-peers: setup
 	@mkdir -p bench/results
 	$(PY) -m bench.peers_host --memory $(PEERS_MEMORY) --timeout 43200 -- $(PEERS_ARGS)
+
+# Where a cold node's time goes (bench/profile_cold.py): `sync --once` from a generated cluster at
+# each size, plain and under cProfile, in the lab; the phases as shares. PROFILE_ARGS='--sizes 1000'.
+profile-cold: setup
+	@mkdir -p bench/results
+	$(PY) -m integration.vm.lab --timeout 3600 --memory 4G --rwdir bench/results -- \
+		'python -m bench.profile_cold $(PROFILE_ARGS)'
 
 # The same at 50,000 services x 10 endpoints (issue 22, item 3; not part of `make bench`, not in
 # CI, 2 h 7 min on 2026-11-26): desired state on the host (<= 2.5 s), then in the lab

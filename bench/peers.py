@@ -183,11 +183,19 @@ def cpu(pid: int) -> float:
     return cpu_seconds(Path(f"/proc/{pid}/stat").read_text(), TICKS)
 
 
-def rss_mb(pid: int) -> float:
+def memory(pid: int) -> dict[str, float]:
+    """VmRSS and what it is made of (MB): RssAnon, the process's own heap and stacks; RssFile,
+    the pages of its binary and libraries it touched (a Go binary's text, an interpreter's
+    libraries); VmHWM, the peak; and its Threads."""
+    keys = ("VmRSS", "RssAnon", "RssFile", "VmHWM", "Threads")
+    got = {}
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise RuntimeError("no VmRSS")
+        k, _, v = line.partition(":")
+        if k in keys:
+            got[k] = int(v.split()[0]) / (1 if k == "Threads" else 1024)
+    if "VmRSS" not in got:
+        raise RuntimeError("no VmRSS")
+    return got
 
 
 class Proxy:
@@ -377,17 +385,21 @@ def run_variant(v: Variant, size: int, m: int, expected: Expected, series: list[
               f"{c['sampled_s']:.1f}s, check {c['check_s']:.1f}s x{c['checks']}), "
               f"CPU {c['cpu_s']:.1f}s", flush=True)
         time.sleep(5.0)
-        out["rss_first_mb"] = rss_mb(p.pid)
+        out["memory_first"] = mem = memory(p.pid)
+        out["rss_first_mb"] = mem["VmRSS"]
         out["idle"] = idle(p, args.idle)
         print(f"measured: {size} {v.name}: RSS {out['rss_first_mb']:.0f} MB, idle CPU "
               f"{out['idle']['per_period_s']:.2f}s per {SYNC_PERIOD:.0f}s "
               f"(bursts {out['idle']['bursts']})", flush=True)
         out["changes"] = ch = changes(p, probe, series, svc_objs, m, conn, args.rate,
                                       args.change_cap)
-        out["rss_after_mb"] = rss_mb(p.pid)
+        out["memory_after"] = mem = memory(p.pid)
+        out["rss_after_mb"] = mem["VmRSS"]
         print(f"measured: {size} {v.name}: {ch['measured']} changes p50 "
               f"{ch['p50_s']:.3f}s p99 {ch['p99_s']:.3f}s, CPU {ch['cpu_per_1000_s']:.1f}s "
-              f"per 1,000 ({ch['lost']} lost), RSS {out['rss_after_mb']:.0f} MB", flush=True)
+              f"per 1,000 ({ch['lost']} lost), RSS {mem['VmRSS']:.0f} MB (anon "
+              f"{mem.get('RssAnon', 0):.0f}, file {mem.get('RssFile', 0):.0f}, peak "
+              f"{mem.get('VmHWM', 0):.0f}, {mem.get('Threads', 0):.0f} threads)", flush=True)
         if size in args.dataplane_sizes or not args.dataplane_sizes:
             try:
                 out["dataplane"] = d = measure(DP_IP, DP_PORT, args.dp_samples,
@@ -444,6 +456,8 @@ ROWS = (  # key, label, unit, target against kube-proxy IPVS (None: none)
     ("idle", f"idle: CPU seconds per {SYNC_PERIOD:.0f} s sync period", "s", None),
     ("rss_first", "resident memory after the first sync", "MB", 1.0),
     ("rss_after", "resident memory after the changes", "MB", 1.0),
+    ("anon_after", "  of it the process's own (RssAnon: heap, stacks)", "MB", None),
+    ("file_after", "  of it its binary's and libraries' pages (RssFile)", "MB", None),
     ("dp_rate", "dataplane: new TCP connections per second (higher is better)", "/s", None),
     ("dp_p50", "dataplane: connect latency p50", "ms", None),
     ("dp_p99", "dataplane: connect latency p99", "ms", None),
@@ -455,7 +469,10 @@ def figures(r: dict[str, Any]) -> dict[str, float | None]:
     return {"cold": c.get("cold_s"), "cold_cpu": c.get("cpu_s"), "p50": ch.get("p50_s"),
             "p99": ch.get("p99_s"), "cpu_change": ch.get("cpu_per_1000_s"),
             "idle": r.get("idle", {}).get("per_period_s"), "rss_first": r.get("rss_first_mb"),
-            "rss_after": r.get("rss_after_mb"), "dp_rate": d.get("connections_per_s"),
+            "rss_after": r.get("rss_after_mb"),
+            "anon_after": r.get("memory_after", {}).get("RssAnon"),
+            "file_after": r.get("memory_after", {}).get("RssFile"),
+            "dp_rate": d.get("connections_per_s"),
             "dp_p50": d.get("connect_p50_ms"), "dp_p99": d.get("connect_p99_ms")}
 
 

@@ -116,3 +116,17 @@ def test_the_control_server_answers_an_extra_action_with_its_query() -> None:
         assert calls == [{"services": "1000", "dests": "10"}]
     finally:
         server.shutdown()
+
+
+def test_memory_splits_the_resident_set() -> None:
+    import os
+
+    mem = peers.memory(os.getpid())
+    assert mem["VmRSS"] > 0 and mem["Threads"] >= 1
+    assert abs(mem["RssAnon"] + mem["RssFile"] - mem["VmRSS"]) <= mem["VmRSS"] * 0.1 + 1
+    assert mem["VmHWM"] >= mem["VmRSS"]
+    r = {"memory_after": {"RssAnon": 30.0, "RssFile": 20.0}, "rss_after_mb": 50.0}
+    got = {x["key"]: x for x in peers.rows(1000, {"ipvsproxy": r, "kube-proxy-ipvs": {
+        "memory_after": {"RssAnon": 20.0, "RssFile": 40.0}}}, 60.0)}
+    assert got["anon_after"]["ratios"] == {"kube-proxy-ipvs": 1.5}
+    assert got["file_after"]["ratios"] == {"kube-proxy-ipvs": 0.5}

@@ -1,0 +1,146 @@
+"""Where a cold node's time goes (issue 33: the cold-node target missed at 1,000 services is
+profiled, not guessed). In the lab guest, for each size: the generated cluster (bench/cluster_gen)
+as one JSON List, a clean kernel, then `ipvsproxy sync --once --from-file` as a user runs it (a
+new process), twice: once plain, timed from outside with the child's peak memory, once under
+cProfile, whose cumulative times are summed into the phases below. cProfile slows Python code
+more than the kernel's and the tools' work, so the phases are shown as shares of the profiled
+run and the plain run gives the time.
+
+The daemon's cold node is this plus what only it does (the list through the API server, the
+threads, the HTTP servers); bench/peers.py measures that from outside.
+
+    python -m bench.profile_cold --sizes 1000,10000   # in the lab (make profile-cold)
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile  # noqa: F401  (run as `python -m cProfile` below; imported to fail early)
+import json
+import os
+import pstats
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench.cluster_gen import CLUSTER_CIDR, NODE, NODE_IP, generate
+
+NODE_IF = "bench0"
+# (phase, file suffix, function): cumulative time of that function in the profiled run
+PHASES = (
+    ("imports (every module, when first imported)", "<frozen importlib._bootstrap>",
+     "_find_and_load"),
+    ("read and parse the manifest", "ipvsproxy/manifests.py", "load_objects"),
+    ("desired state", "ipvsproxy/core/desired.py", "compute_desired"),
+    ("read the kernel (observe)", "ipvsproxy/kernel/dataplane.py", "observe"),
+    ("diff", "ipvsproxy/core/plan.py", "diff"),
+    ("apply: IPVS (netlink)", "ipvsproxy/kernel/ipvs.py", "apply"),
+    ("apply: ipset members (ipset restore)", "ipvsproxy/kernel/dataplane.py", "_apply_members"),
+    ("apply: ipsets created", "ipvsproxy/kernel/dataplane.py", "_create_sets"),
+    ("apply: kube-ipvs0 addresses", "ipvsproxy/kernel/dataplane.py", "_apply_addresses"),
+    ("apply: everything else (iptables-restore, link, sysctls)", "ipvsproxy/kernel/dataplane.py",
+     "_apply_one"),
+    ("publish names (ls --services)", "ipvsproxy/names.py", "write"),
+)
+
+
+def sh(cmd: str) -> None:
+    subprocess.run(cmd, shell=True, check=False, capture_output=True)
+
+
+def clean() -> None:
+    script = Path(sys.executable).with_name("ipvsproxy")
+    subprocess.run([str(script), "cleanup"], capture_output=True, check=False)
+    sh("ipvsadm -C; ipset destroy; ip link del kube-ipvs0; iptables -t nat -F; iptables -F")
+
+
+def argv(manifest: Path) -> list[str]:
+    return ["-m", "ipvsproxy", "--log-format", "json", "sync", "--once", "--from-file",
+            str(manifest), "--hostname-override", NODE, "--cluster-cidr", CLUSTER_CIDR,
+            "--nodeport-addresses", f"{NODE_IP}/32"]
+
+
+def plain(manifest: Path) -> dict[str, float]:
+    clean()
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    p = subprocess.run([sys.executable, *argv(manifest)], capture_output=True, text=True,
+                       check=False)
+    wall = time.perf_counter() - t0
+    if p.returncode != 0:
+        raise RuntimeError(f"sync --once exited {p.returncode}: {p.stderr[-1500:]}")
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+    return {"wall_s": wall, "cpu_s": cpu, "peak_rss_mb": after.ru_maxrss / 1024}
+
+
+def profiled(manifest: Path, out: Path) -> dict[str, object]:
+    clean()
+    t0 = time.perf_counter()
+    p = subprocess.run([sys.executable, "-m", "cProfile", "-o", str(out), *argv(manifest)],
+                       capture_output=True, text=True, check=False)
+    wall = time.perf_counter() - t0
+    if p.returncode != 0:
+        raise RuntimeError(f"profiled sync --once exited {p.returncode}: {p.stderr[-1500:]}")
+    st = pstats.Stats(str(out))
+    stats: dict[tuple[str, int, str], tuple[int, int, float, float, object]] = \
+        st.stats  # type: ignore[attr-defined]
+    total = max(ct for _cc, _nc, _tt, ct, _callers in stats.values())
+    phases = {}
+    for name, suffix, fn in PHASES:
+        phases[name] = sum(ct for (f, _line, func), (_cc, _nc, _tt, ct, _callers) in stats.items()
+                           if f.endswith(suffix) and func == fn)
+    top = sorted(((tt, f"{Path(f).name}:{line} {func}") for (f, line, func),
+                  (_cc, _nc, tt, _ct, _callers) in stats.items()), reverse=True)[:15]
+    return {"wall_s": wall, "profiled_s": total, "phases_s": phases,
+            "top_self_s": [(round(t, 3), where) for t, where in top]}
+
+
+def main(argv_: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--sizes", default="1000,10000")
+    ap.add_argument("--dests", type=int, default=10)
+    ap.add_argument("--out", default="bench/results")
+    args = ap.parse_args(argv_)
+    sh("modprobe -a ip_vs ip_vs_rr dummy xt_set xt_ipvs xt_MASQUERADE xt_comment xt_mark "
+       "xt_addrtype xt_conntrack")
+    sh(f"ip link add {NODE_IF} type dummy && ip addr add {NODE_IP}/24 dev {NODE_IF} "
+       f"&& ip link set {NODE_IF} up")
+    work = Path(tempfile.mkdtemp(prefix="profile-cold-"))
+    doc: dict[str, object] = {"date": time.strftime("%Y-%m-%d %H:%M"),
+                              "kernel": os.uname().release, "sizes": {}}
+    try:
+        for size in (int(s) for s in args.sizes.split(",")):
+            manifest = work / f"cluster-{size}.json"
+            manifest.write_text(json.dumps({"kind": "List", "items": generate(size, args.dests)}))
+            res = {"plain": plain(manifest), "profile": profiled(manifest, work / f"{size}.prof")}
+            doc["sizes"][str(size)] = res  # type: ignore[index]
+            pl, pr = res["plain"], res["profile"]
+            print(f"\n{size} services x {args.dests}: sync --once from a file {pl['wall_s']:.1f} s "
+                  f"wall, {pl['cpu_s']:.1f} s CPU, peak RSS {pl['peak_rss_mb']:.0f} MB; "
+                  f"profiled {pr['wall_s']:.1f} s (inside main {pr['profiled_s']:.1f} s)")
+            total = float(pr["profiled_s"])  # type: ignore[arg-type]
+            start = float(pr["wall_s"]) - total  # type: ignore[arg-type]
+            print(f"  {'interpreter start (outside the profile)':58} "
+                  f"{start:7.2f} s")
+            for name, secs in pr["phases_s"].items():  # type: ignore[union-attr]
+                print(f"  {name:58} {secs:7.2f} s {100 * secs / total:5.1f}%")
+            print("  most self time:")
+            for t, where in pr["top_self_s"]:  # type: ignore[union-attr]
+                print(f"    {t:7.3f} s {where}")
+    finally:
+        clean()
+        sh(f"ip link del {NODE_IF}")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"profile-cold-{time.strftime('%Y%m%dT%H%M%S')}.json"
+    path.write_text(json.dumps(doc, indent=1) + "\n")
+    print(f"\n{path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
