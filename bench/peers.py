@@ -3,7 +3,9 @@ kube-apiserver on the host (bench/peers_host.py starts it and loads each size's 
 
 At each size (services of bench/cluster_gen.py x endpoints), each proxy in turn, each from a
 clean kernel, with the same KubeProxyConfiguration (mode apart; kube-proxy's IPVS defaults as
-a row of their own), the proxy started as a user starts it (a new process):
+a row of their own), the proxy started as a user starts it (a new process), from a copy in the
+guest's tmpfs as its image puts it on a node (bench/node_install.py: the lab's 9p root costs a
+Python start thousands of emulated round trips a node never pays; --from 9p for the old way):
 
 1. cold node: from the process's start until the kernel holds every service's endpoints (a few
    sampled services polled every 0.5 s, then the whole cluster checked at once, again until
@@ -45,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.cluster_gen import CLUSTER_CIDR, NODE, NODE_IP, generate, pod_ip
+from bench.node_install import Installed, install
 from bench.peers_cluster import (
     DP_IP,
     DP_NAME,
@@ -129,11 +132,18 @@ def upstream_bin() -> Path:
     return found()
 
 
+# Where the proxies start from: installed in the guest's tmpfs as a node has them
+# (bench/node_install.py), or None: from the checkout and the upstream cache, over 9p (--from 9p)
+INSTALLED: Installed | None = None
+
+
 def argv(v: Variant, conf: Path) -> list[str]:
     if v.binary == "ipvsproxy":
-        script = Path(sys.executable).with_name("ipvsproxy")
-        return [str(script), "--log-format", "json", "run", "--config", str(conf)]
-    return [str(upstream_bin() / "kube-proxy"), f"--config={conf}"]
+        cmd = INSTALLED.ipvsproxy() if INSTALLED else \
+            [str(Path(sys.executable).with_name("ipvsproxy"))]
+        return [*cmd, "--log-format", "json", "run", "--config", str(conf)]
+    binary = INSTALLED.kube_proxy() if INSTALLED else str(upstream_bin() / "kube-proxy")
+    return [binary, f"--config={conf}"]
 
 
 # ------------------------------------------------------------------------------ the node
@@ -184,10 +194,11 @@ def cpu(pid: int) -> float:
 
 
 def memory(pid: int) -> dict[str, float]:
-    """VmRSS and what it is made of (MB): RssAnon, the process's own heap and stacks; RssFile,
-    the pages of its binary and libraries it touched (a Go binary's text, an interpreter's
-    libraries); VmHWM, the peak; and its Threads."""
-    keys = ("VmRSS", "RssAnon", "RssFile", "VmHWM", "Threads")
+    """VmRSS and what it is made of (MB): RssAnon, the process's own heap and stacks; RssFile
+    and RssShmem, the pages of its binary and libraries it touched (a Go binary's text, an
+    interpreter's libraries; Shmem where they sit in tmpfs, bench/node_install.py); VmHWM, the
+    peak; and its Threads."""
+    keys = ("VmRSS", "RssAnon", "RssFile", "RssShmem", "VmHWM", "Threads")
     got = {}
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         k, _, v = line.partition(":")
@@ -213,7 +224,8 @@ class Proxy:
             f.flush()
             t0 = time.perf_counter()
             self.proc = subprocess.Popen(self.argv, stdout=f, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, start_new_session=True)
+                                         stdin=subprocess.DEVNULL, start_new_session=True,
+                                         env=INSTALLED.env if INSTALLED else None)
         return t0
 
     @property
@@ -398,7 +410,7 @@ def run_variant(v: Variant, size: int, m: int, expected: Expected, series: list[
         print(f"measured: {size} {v.name}: {ch['measured']} changes p50 "
               f"{ch['p50_s']:.3f}s p99 {ch['p99_s']:.3f}s, CPU {ch['cpu_per_1000_s']:.1f}s "
               f"per 1,000 ({ch['lost']} lost), RSS {mem['VmRSS']:.0f} MB (anon "
-              f"{mem.get('RssAnon', 0):.0f}, file {mem.get('RssFile', 0):.0f}, peak "
+              f"{mem.get('RssAnon', 0):.0f}, file {_mapped(mem) or 0:.0f}, peak "
               f"{mem.get('VmHWM', 0):.0f}, {mem.get('Threads', 0):.0f} threads)", flush=True)
         if size in args.dataplane_sizes or not args.dataplane_sizes:
             try:
@@ -457,7 +469,7 @@ ROWS = (  # key, label, unit, target against kube-proxy IPVS (None: none)
     ("rss_first", "resident memory after the first sync", "MB", 1.0),
     ("rss_after", "resident memory after the changes", "MB", 1.0),
     ("anon_after", "  of it the process's own (RssAnon: heap, stacks)", "MB", None),
-    ("file_after", "  of it its binary's and libraries' pages (RssFile)", "MB", None),
+    ("file_after", "  of it its binary's and libraries' pages (RssFile+Shmem)", "MB", None),
     ("dp_rate", "dataplane: new TCP connections per second (higher is better)", "/s", None),
     ("dp_p50", "dataplane: connect latency p50", "ms", None),
     ("dp_p99", "dataplane: connect latency p99", "ms", None),
@@ -471,9 +483,14 @@ def figures(r: dict[str, Any]) -> dict[str, float | None]:
             "idle": r.get("idle", {}).get("per_period_s"), "rss_first": r.get("rss_first_mb"),
             "rss_after": r.get("rss_after_mb"),
             "anon_after": r.get("memory_after", {}).get("RssAnon"),
-            "file_after": r.get("memory_after", {}).get("RssFile"),
+            "file_after": _mapped(r.get("memory_after", {})),
             "dp_rate": d.get("connections_per_s"),
             "dp_p50": d.get("connect_p50_ms"), "dp_p99": d.get("connect_p99_ms")}
+
+
+def _mapped(mem: dict[str, float]) -> float | None:
+    """The binary's and libraries' pages: on disk (RssFile) or in tmpfs (RssShmem)."""
+    return None if "RssFile" not in mem else mem["RssFile"] + mem.get("RssShmem", 0.0)
 
 
 def rows(size: int, results: dict[str, dict[str, Any]], cap: float) -> list[dict[str, Any]]:
@@ -555,6 +572,9 @@ def main(argv_: list[str] | None = None) -> int:
                     "(empty: every size)")
     ap.add_argument("--dp-samples", type=int, default=1000)
     ap.add_argument("--dp-seconds", type=float, default=10.0)
+    ap.add_argument("--from", dest="start_from", choices=("node", "9p"), default="node",
+                    help="node: each proxy copied into the guest's tmpfs as a node has it "
+                         "(bench/node_install.py); 9p: from the checkout over the lab's 9p")
     ap.add_argument("--commit", default="")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
     args = ap.parse_args(argv_)
@@ -577,6 +597,12 @@ def main(argv_: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="peers-"))
     node_up(remote)
     kubeconfig = remote.kubeconfig(work / "admin.kubeconfig")
+    global INSTALLED
+    if args.start_from == "node":
+        t = time.perf_counter()
+        INSTALLED = install(Path("/tmp/ipvsproxy-node"), upstream_bin() / "kube-proxy")
+        print(f"installed: ipvsproxy and kube-proxy in the guest's tmpfs, as on a node "
+              f"({time.perf_counter() - t:.0f}s)", flush=True)
     # a cluster node forwards (its CNI sets ip_forward; kube-proxy's iptables and nftables
     # modes rely on it and do not set it): take it into the state each proxy starts from, or
     # clean() turns it off again and those modes' ClusterIPs drop every packet from a pod
@@ -586,7 +612,8 @@ def main(argv_: list[str] | None = None) -> int:
     peers_dataplane.up()
     started = time.strftime("%Y-%m-%d %H:%M")
     doc: dict[str, Any] = {"date": started, "commit": args.commit, "kernel": os.uname().release,
-                           "emulated": True, "sync_period_s": SYNC_PERIOD, "rate": args.rate,
+                           "emulated": True, "started_from": args.start_from,
+                           "sync_period_s": SYNC_PERIOD, "rate": args.rate,
                            "sizes": {}, "rows": []}
     try:
         warm_up(variants, work, kubeconfig, sysctls, args.logs / "warm-up")
@@ -631,7 +658,8 @@ def main(argv_: list[str] | None = None) -> int:
         stamp = time.strftime("%Y%m%dT%H%M%S")
         (out / f"peers-{stamp}.json").write_text(json.dumps(doc, indent=1, default=str) + "\n")
     print(f"\nipvsproxy and kube-proxy v1.35.4, side by side: {started}, commit {args.commit}, "
-          f"kernel {doc['kernel']} (software emulation: ratios only; ratio = ipvsproxy / peer)\n")
+          f"kernel {doc['kernel']}, proxies started from {args.start_from} (software emulation: "
+          f"ratios only; ratio = ipvsproxy / peer)\n")
     print(table(doc["rows"], [v.name for v in variants]))
     for v in variants:
         if v.note:

@@ -1,10 +1,12 @@
 """Where a cold node's time goes (issue 33: the cold-node target missed at 1,000 services is
 profiled, not guessed). In the lab guest, for each size: the generated cluster (bench/cluster_gen)
 as one JSON List, a clean kernel, then `ipvsproxy sync --once --from-file` as a user runs it (a
-new process), twice: once plain, timed from outside with the child's peak memory, once under
-cProfile, whose cumulative times are summed into the phases below. cProfile slows Python code
-more than the kernel's and the tools' work, so the phases are shown as shares of the profiled
-run and the plain run gives the time.
+new process, installed in the guest's tmpfs as on a node: bench/node_install.py), once plain,
+timed from outside with the child's peak memory, once more plain from the checkout over the
+lab's 9p (what the lab's file system costs a Python start), and once under cProfile, whose
+cumulative times are summed into the phases below. cProfile slows Python code more than the
+kernel's and the tools' work, so the phases are shown as shares of the profiled run and the
+plain run gives the time.
 
 The daemon's cold node is this plus what only it does (the list through the API server, the
 threads, the HTTP servers); bench/peers.py measures that from outside.
@@ -27,6 +29,7 @@ import time
 from pathlib import Path
 
 from bench.cluster_gen import CLUSTER_CIDR, NODE, NODE_IP, generate
+from bench.node_install import Installed, install
 
 NODE_IF = "bench0"
 # (phase, file suffix, function): cumulative time of that function in the profiled run
@@ -63,12 +66,36 @@ def argv(manifest: Path) -> list[str]:
             "--nodeport-addresses", f"{NODE_IP}/32"]
 
 
-def plain(manifest: Path) -> dict[str, float]:
+# the modules `ipvsproxy run` imports before its first list
+IMPORTS = ("import ipvsproxy.commands.run, ipvsproxy.daemon.reconciler, ipvsproxy.daemon.metrics, "
+           "ipvsproxy.kube.reflector, ipvsproxy.kernel.dataplane")
+
+
+def best_of(cmd: list[str], env: dict[str, str] | None, n: int = 3) -> float:
+    best = float("inf")
+    for _ in range(n):
+        t0 = time.perf_counter()
+        subprocess.run(cmd, env=env, check=True, capture_output=True)
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def starts(inst: Installed) -> dict[str, float]:
+    """An interpreter's start, and the daemon's imports, from the checkout over 9p and from the
+    node-like copy (best of 3 each, byte code already written)."""
+    return {"python_pass_9p_s": best_of([sys.executable, "-P", "-c", "pass"], None),
+            "python_pass_node_s": best_of([str(inst.python), "-P", "-c", "pass"], inst.env),
+            "imports_9p_s": best_of([sys.executable, "-P", "-c", IMPORTS], None),
+            "imports_node_s": best_of([str(inst.python), "-P", "-c", IMPORTS], inst.env)}
+
+
+def plain(manifest: Path, python: str = sys.executable, env: dict[str, str] | None = None
+          ) -> dict[str, float]:
     clean()
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
-    p = subprocess.run([sys.executable, *argv(manifest)], capture_output=True, text=True,
-                       check=False)
+    p = subprocess.run([python, *argv(manifest)], capture_output=True, text=True,
+                       check=False, env=env)
     wall = time.perf_counter() - t0
     if p.returncode != 0:
         raise RuntimeError(f"sync --once exited {p.returncode}: {p.stderr[-1500:]}")
@@ -77,11 +104,11 @@ def plain(manifest: Path) -> dict[str, float]:
     return {"wall_s": wall, "cpu_s": cpu, "peak_rss_mb": after.ru_maxrss / 1024}
 
 
-def profiled(manifest: Path, out: Path) -> dict[str, object]:
+def profiled(manifest: Path, out: Path, inst: Installed) -> dict[str, object]:
     clean()
     t0 = time.perf_counter()
-    p = subprocess.run([sys.executable, "-m", "cProfile", "-o", str(out), *argv(manifest)],
-                       capture_output=True, text=True, check=False)
+    p = subprocess.run([str(inst.python), "-m", "cProfile", "-o", str(out), *argv(manifest)],
+                       capture_output=True, text=True, check=False, env=inst.env)
     wall = time.perf_counter() - t0
     if p.returncode != 0:
         raise RuntimeError(f"profiled sync --once exited {p.returncode}: {p.stderr[-1500:]}")
@@ -110,18 +137,29 @@ def main(argv_: list[str] | None = None) -> int:
     sh(f"ip link add {NODE_IF} type dummy && ip addr add {NODE_IP}/24 dev {NODE_IF} "
        f"&& ip link set {NODE_IF} up")
     work = Path(tempfile.mkdtemp(prefix="profile-cold-"))
+    t = time.perf_counter()
+    inst = install(Path("/tmp/ipvsproxy-node"))
+    print(f"installed ipvsproxy in the guest's tmpfs as on a node ({time.perf_counter() - t:.0f}s)")
+    st = starts(inst)
     doc: dict[str, object] = {"date": time.strftime("%Y-%m-%d %H:%M"),
-                              "kernel": os.uname().release, "sizes": {}}
+                              "kernel": os.uname().release, "starts": st, "sizes": {}}
+    print(f"python -c pass: {st['python_pass_9p_s']:.2f} s from 9p, "
+          f"{st['python_pass_node_s']:.2f} s installed as on a node\n"
+          f"the daemon's imports: {st['imports_9p_s']:.2f} s from 9p, "
+          f"{st['imports_node_s']:.2f} s installed as on a node")
     try:
         for size in (int(s) for s in args.sizes.split(",")):
             manifest = work / f"cluster-{size}.json"
             manifest.write_text(json.dumps({"kind": "List", "items": generate(size, args.dests)}))
-            res = {"plain": plain(manifest), "profile": profiled(manifest, work / f"{size}.prof")}
+            res = {"plain_9p": plain(manifest),
+                   "plain": plain(manifest, str(inst.python), inst.env),
+                   "profile": profiled(manifest, work / f"{size}.prof", inst)}
             doc["sizes"][str(size)] = res  # type: ignore[index]
-            pl, pr = res["plain"], res["profile"]
+            p9, pl, pr = res["plain_9p"], res["plain"], res["profile"]
             print(f"\n{size} services x {args.dests}: sync --once from a file {pl['wall_s']:.1f} s "
-                  f"wall, {pl['cpu_s']:.1f} s CPU, peak RSS {pl['peak_rss_mb']:.0f} MB; "
-                  f"profiled {pr['wall_s']:.1f} s (inside main {pr['profiled_s']:.1f} s)")
+                  f"wall ({p9['wall_s']:.1f} s from 9p), {pl['cpu_s']:.1f} s CPU, peak RSS "
+                  f"{pl['peak_rss_mb']:.0f} MB; profiled {pr['wall_s']:.1f} s (inside the "
+                  f"profile {pr['profiled_s']:.1f} s)")
             total = float(pr["profiled_s"])  # type: ignore[arg-type]
             start = float(pr["wall_s"]) - total  # type: ignore[arg-type]
             print(f"  {'interpreter start (outside the profile)':58} "
