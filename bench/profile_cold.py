@@ -126,6 +126,50 @@ def profiled(manifest: Path, out: Path, inst: Installed) -> dict[str, object]:
             "top_self_s": [(round(t, 3), where) for t, where in top]}
 
 
+# In one process, as the daemon keeps one: the resident set after the imports, after parsing the
+# manifest, after a first sync on a clean kernel, and after a resync that reads the full kernel
+# back (the daemon's periodic full sync), each after a collection and malloc_trim; VmHWM is the
+# peak so far.
+MEMORY = r"""
+import argparse, ctypes, gc, json, sys
+def status():
+    got = {}
+    for line in open("/proc/self/status"):
+        k, _, v = line.partition(":")
+        if k in ("VmRSS", "RssAnon", "RssFile", "RssShmem", "VmHWM"):
+            got[k] = round(int(v.split()[0]) / 1024, 1)
+    return got
+def settle():
+    gc.collect()
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+from ipvsproxy.commands.sync import add_arguments
+from ipvsproxy.config import from_args
+from ipvsproxy.manifests import load_objects
+from ipvsproxy.syncer import sync
+import ipvsproxy.kernel.dataplane
+out = {}
+settle(); out["imports"] = status()
+ap = argparse.ArgumentParser(); add_arguments(ap); args = ap.parse_args(sys.argv[1:])
+cfg = from_args(args)
+gc.disable()
+docs = list(load_objects(args.from_file)); settle(); out["parsed"] = status()
+o = sync(docs, cfg); assert not o.failures, o.failures[:3]; del o; settle()
+out["first sync"] = status()
+o = sync(docs, cfg); assert not o.failures, o.failures[:3]; del o; settle()
+out["resync"] = status()
+print(json.dumps(out))
+"""
+
+
+def memory(manifest: Path, inst: Installed) -> dict[str, dict[str, float]]:
+    clean()
+    p = subprocess.run([str(inst.python), "-P", "-c", MEMORY, *argv(manifest)[5:]],
+                       capture_output=True, text=True, check=False, env=inst.env)
+    if p.returncode != 0:
+        raise RuntimeError(f"the memory run exited {p.returncode}: {p.stderr[-1500:]}")
+    return dict(json.loads(p.stdout.strip().splitlines()[-1]))
+
+
 def main(argv_: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes", default="1000,10000")
@@ -153,7 +197,8 @@ def main(argv_: list[str] | None = None) -> int:
             manifest.write_text(json.dumps({"kind": "List", "items": generate(size, args.dests)}))
             res = {"plain_9p": plain(manifest),
                    "plain": plain(manifest, str(inst.python), inst.env),
-                   "profile": profiled(manifest, work / f"{size}.prof", inst)}
+                   "profile": profiled(manifest, work / f"{size}.prof", inst),
+                   "memory": memory(manifest, inst)}
             doc["sizes"][str(size)] = res  # type: ignore[index]
             p9, pl, pr = res["plain_9p"], res["plain"], res["profile"]
             print(f"\n{size} services x {args.dests}: sync --once from a file {pl['wall_s']:.1f} s "
@@ -166,6 +211,10 @@ def main(argv_: list[str] | None = None) -> int:
                   f"{start:7.2f} s")
             for name, secs in pr["phases_s"].items():  # type: ignore[union-attr]
                 print(f"  {name:58} {secs:7.2f} s {100 * secs / total:5.1f}%")
+            print("  resident memory in one process (MB):")
+            for when, m in res["memory"].items():  # type: ignore[union-attr]
+                print(f"    {when:12} RSS {m['VmRSS']:6.1f} (anon {m['RssAnon']:6.1f}) "
+                      f"peak so far {m['VmHWM']:6.1f}")
             print("  most self time:")
             for t, where in pr["top_self_s"]:  # type: ignore[union-attr]
                 print(f"    {t:7.3f} s {where}")
