@@ -6,7 +6,8 @@ timed from outside with the child's peak memory, once more plain from the checko
 lab's 9p (what the lab's file system costs a Python start), and once under cProfile, whose
 cumulative times are summed into the phases below. cProfile slows Python code more than the
 kernel's and the tools' work, so the phases are shown as shares of the profiled run and the
-plain run gives the time.
+plain run gives the time. A profiled run on the kernel a sync left (nothing to do, everything
+read back) shows the daemon's periodic full sync.
 
 The daemon's cold node is this plus what only it does (the list through the API server, the
 threads, the HTTP servers); bench/peers.py measures that from outside.
@@ -104,8 +105,12 @@ def plain(manifest: Path, python: str = sys.executable, env: dict[str, str] | No
     return {"wall_s": wall, "cpu_s": cpu, "peak_rss_mb": after.ru_maxrss / 1024}
 
 
-def profiled(manifest: Path, out: Path, inst: Installed) -> dict[str, object]:
-    clean()
+def profiled(manifest: Path, out: Path, inst: Installed, cold: bool = True
+             ) -> dict[str, object]:
+    """cold: from a clean kernel; else on the kernel as the last sync left it (a resync that
+    reads everything back and finds nothing to do, as the daemon's periodic full sync)."""
+    if cold:
+        clean()
     t0 = time.perf_counter()
     p = subprocess.run([str(inst.python), "-m", "cProfile", "-o", str(out), *argv(manifest)],
                        capture_output=True, text=True, check=False, env=inst.env)
@@ -197,6 +202,8 @@ def main(argv_: list[str] | None = None) -> int:
             manifest.write_text(json.dumps({"kind": "List", "items": generate(size, args.dests)}))
             res = {"plain_9p": plain(manifest),
                    "plain": plain(manifest, str(inst.python), inst.env),
+                   "resync_profile": profiled(manifest, work / f"{size}-resync.prof", inst,
+                                              cold=False),
                    "profile": profiled(manifest, work / f"{size}.prof", inst),
                    "memory": memory(manifest, inst)}
             doc["sizes"][str(size)] = res  # type: ignore[index]
@@ -211,6 +218,13 @@ def main(argv_: list[str] | None = None) -> int:
                   f"{start:7.2f} s")
             for name, secs in pr["phases_s"].items():  # type: ignore[union-attr]
                 print(f"  {name:58} {secs:7.2f} s {100 * secs / total:5.1f}%")
+            rs = res["resync_profile"]
+            rtotal = float(rs["profiled_s"])  # type: ignore[arg-type]
+            print(f"  the same on the kernel it left (a resync, nothing to do): profiled "
+                  f"{rs['wall_s']:.1f} s")
+            for name, secs in rs["phases_s"].items():  # type: ignore[union-attr]
+                if secs:
+                    print(f"    {name:56} {secs:7.2f} s {100 * secs / rtotal:5.1f}%")
             print("  resident memory in one process (MB):")
             for when, m in res["memory"].items():  # type: ignore[union-attr]
                 print(f"    {when:12} RSS {m['VmRSS']:6.1f} (anon {m['RssAnon']:6.1f}) "
