@@ -341,7 +341,7 @@ def node_sysctls(env: Env) -> None:
     (the CNI bridge plugin and kubeadm's preflight see to it; kube-proxy's iptables and nftables
     modes rely on it and do not set it, and without it a ClusterIP never answers a pod)."""
     env.reset_sysctls()
-    Path("/proc/sys/net/ipv4/ip_forward").write_text("1\n")
+    snapshot.write_sysctls({"net/ipv4/ip_forward": "1"})
 
 
 def leftover(d: snapshot.Difference, old: str) -> bool:
