@@ -135,6 +135,7 @@ def upstream_bin() -> Path:
 # Where the proxies start from: installed in the guest's tmpfs as a node has them
 # (bench/node_install.py), or None: from the checkout and the upstream cache, over 9p (--from 9p)
 INSTALLED: Installed | None = None
+PROFILE = False  # --profile: ipvsproxy runs under cProfile (its figures are then not comparable)
 
 
 def argv(v: Variant, conf: Path) -> list[str]:
@@ -216,6 +217,12 @@ class Proxy:
         conf.write_text(config(v, kubeconfig))
         self.log = logs / f"{v.name}.log"
         self.argv = argv(v, conf)
+        if PROFILE and v.binary == "ipvsproxy":  # the daemon's main thread (its syncs) profiled
+            python = str(INSTALLED.python) if INSTALLED else sys.executable
+            script = self.argv[1] if INSTALLED else self.argv[0]
+            rest = self.argv[2:] if INSTALLED else self.argv[1:]
+            self.argv = [python, "-m", "cProfile", "-o", str(logs / f"{v.name}.prof"), script,
+                         *rest]
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> float:
@@ -575,6 +582,9 @@ def main(argv_: list[str] | None = None) -> int:
     ap.add_argument("--from", dest="start_from", choices=("node", "9p"), default="node",
                     help="node: each proxy copied into the guest's tmpfs as a node has it "
                          "(bench/node_install.py); 9p: from the checkout over the lab's 9p")
+    ap.add_argument("--profile", action="store_true",
+                    help="run ipvsproxy under cProfile (its main thread: the syncs) and print "
+                         "where its time went; its figures are then inflated, not for tables")
     ap.add_argument("--commit", default="")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
     args = ap.parse_args(argv_)
@@ -597,7 +607,8 @@ def main(argv_: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="peers-"))
     node_up(remote)
     kubeconfig = remote.kubeconfig(work / "admin.kubeconfig")
-    global INSTALLED
+    global INSTALLED, PROFILE
+    PROFILE = args.profile
     if args.start_from == "node":
         t = time.perf_counter()
         INSTALLED = install(Path("/tmp/ipvsproxy-node"), upstream_bin() / "kube-proxy")
@@ -661,6 +672,12 @@ def main(argv_: list[str] | None = None) -> int:
           f"kernel {doc['kernel']}, proxies started from {args.start_from} (software emulation: "
           f"ratios only; ratio = ipvsproxy / peer)\n")
     print(table(doc["rows"], [v.name for v in variants]))
+    if PROFILE:
+        import pstats
+
+        for prof in sorted(args.logs.glob("*/ipvsproxy.prof")):
+            print(f"\n{prof} (cumulative, the daemon's main thread):")
+            pstats.Stats(str(prof)).sort_stats("cumulative").print_stats("ipvsproxy/", 45)
     for v in variants:
         if v.note:
             print(f"- {v.name}: {v.note}")
