@@ -29,6 +29,7 @@ import sys
 import threading
 import time
 import uuid
+import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -277,6 +278,7 @@ class ApiServer:
         self.port = port
         self.bookmark_interval = 1.0
         self.requests: list[tuple[str, str]] = []
+        self.gzipped = 0  # responses sent compressed (the client asked, and they were large)
         # (method, path, 401 or 403) of every request enforce_rbac() turned away
         self.refused: list[tuple[str, str, int]] = []
         self._rbac: _Rbac | None = None
@@ -563,6 +565,9 @@ class _Server(ThreadingHTTPServer):
             super().handle_error(request, client_address)
 
 
+GZIP_THRESHOLD = 128 * 1024  # k8s.io/apiserver responsewriters defaultGzipThresholdBytes
+
+
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server: _Server
@@ -587,6 +592,14 @@ class _Handler(BaseHTTPRequestHandler):
         data = json.dumps(body).encode()
         self.send_response(code)
         self.send_header("Content-Type", "application/json")
+        # as the real one (apiserver responsewriters.deferredResponseWriter): gzip, level 1,
+        # when the client accepts it and the answer is over 128 KiB
+        if "gzip" in (self.headers.get("Accept-Encoding") or "") and len(data) > GZIP_THRESHOLD:
+            z = zlib.compressobj(1, zlib.DEFLATED, 16 + zlib.MAX_WBITS)  # the gzip format
+            data = z.compress(data) + z.flush()
+            self.send_header("Content-Encoding", "gzip")
+            with self.server.api._cond:
+                self.server.api.gzipped += 1
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)

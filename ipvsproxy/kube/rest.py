@@ -48,10 +48,17 @@ class Get:
         if unknown:
             raise TypeError(f"{self.path}: unknown query keywords {sorted(unknown)}")
         query = [(name, kw[key]) for key, name in _QUERY.items() if kw.get(key) is not None]
+        header = {"Accept": "application/json"}
+        if not kw.get("watch"):
+            # A list compressed, as kube-proxy's client-go asks for it (Go's transport sends
+            # Accept-Encoding: gzip unless DisableCompression): the API server gzips responses
+            # over 128 KiB, and a 10,000-service list is tens of MB of JSON. urllib3 decodes
+            # it in C as it is read (`.data`). A watch stream is never compressed.
+            header["Accept-Encoding"] = "gzip"
         api = self.api_client
         method, url, headers, body, post = api.param_serialize(
             method="GET", resource_path=self.path, path_params=self.path_params,
-            query_params=query, header_params={"Accept": "application/json"}, post_params=[],
+            query_params=query, header_params=header, post_params=[],
             files={}, auth_settings=["BearerToken"], collection_formats={})
         resp = api.call_api(method, url, headers, body, post, _request_timeout=_request_timeout)
         if not 200 <= resp.status <= 299:
