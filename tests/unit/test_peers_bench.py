@@ -139,3 +139,12 @@ def test_a_node_install_holds_what_pip_installs_for_ipvsproxy() -> None:
     assert {"pyroute2", "structlog", "prometheus-client", "kubernetes", "pyyaml"} <= \
         {n.replace("_", "-") for n in names}
     assert not names & {"pytest", "mypy", "ruff", "hypothesis"}  # the dev extra is not a node's
+
+
+def test_changes_past_the_cap_read_as_more_than_it() -> None:
+    ours = {"changes": {"p50_s": 2.0, "p99_s": 39.0, "lost": 0}}
+    theirs = {"changes": {"p50_s": None, "p99_s": None, "lost": 200}}
+    got = {r["key"]: r for r in peers.rows(10000, {"ipvsproxy": ours, "kube-proxy-ipvs": theirs},
+                                           1200.0, 1200.0)}
+    assert got["p99"]["values"]["kube-proxy-ipvs"] == "> 1200 s"
+    assert got["p99"]["ratios"] == {} and got["p99"]["met"] is None
