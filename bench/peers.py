@@ -171,6 +171,33 @@ def node_up(remote: Any) -> None:
         time.sleep(1)
 
 
+# net/netfilter/ipvs: a deleted real server waits in the IPVS trash for IP_VS_DEST_TRASH_PERIOD
+# (120 s, purged every 60 s), and every real server added walks that whole list
+# (ip_vs_ctl.c ip_vs_trash_get_dest). After the flush of 140,000 of them, the next cold start
+# at 10,000 services took 215 s instead of 128 s (make profile-cold, 2026-11-27): whichever
+# proxy came second paid for the first one's state.
+TRASH_WAIT = 185.0
+
+
+def fresh_ipvs() -> None:
+    """An empty IPVS trash for the next proxy: the ip_vs modules reloaded (which frees it), or,
+    if they cannot be removed, a wait until the kernel has purged it."""
+    loaded = [line.split()[0] for line in Path("/proc/modules").read_text().splitlines()
+              if line.startswith(("ip_vs", "xt_ipvs"))]
+    if not loaded:
+        return
+    # users first: xt_ipvs and the schedulers, then ip_vs itself
+    order = sorted(loaded, key=lambda m: (m == "ip_vs", m))
+    sh("modprobe -r " + " ".join(order), check=False)
+    still = any(line.startswith("ip_vs ") for line in
+                Path("/proc/modules").read_text().splitlines())
+    sh("modprobe -a " + MODULES, check=False)
+    if still:
+        print(f"clean: ip_vs could not be unloaded; waiting {TRASH_WAIT:.0f}s for its trash",
+              flush=True)
+        time.sleep(TRASH_WAIT)
+
+
 def clean(sysctls: dict[str, str]) -> None:
     """A clean kernel for the next proxy: each proxy's own cleanup, then whatever is left."""
     script = Path(sys.executable).with_name("ipvsproxy")
@@ -179,6 +206,7 @@ def clean(sysctls: dict[str, str]) -> None:
                    check=False)
     sh("ipvsadm -C; nft flush ruleset; ipset destroy; ip link del kube-ipvs0; conntrack -F",
        check=False)
+    fresh_ipvs()
     from tests.differential import snapshot
 
     snapshot.write_sysctls(sysctls)

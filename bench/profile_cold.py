@@ -31,6 +31,7 @@ from pathlib import Path
 
 from bench.cluster_gen import CLUSTER_CIDR, NODE, NODE_IP, generate
 from bench.node_install import Installed, install
+from bench.peers import fresh_ipvs
 
 NODE_IF = "bench0"
 # (phase, file suffix, function): cumulative time of that function in the profiled run
@@ -59,6 +60,7 @@ def clean() -> None:
     script = Path(sys.executable).with_name("ipvsproxy")
     subprocess.run([str(script), "cleanup"], capture_output=True, check=False)
     sh("ipvsadm -C; ipset destroy; ip link del kube-ipvs0; iptables -t nat -F; iptables -F")
+    fresh_ipvs()  # the last run's real servers out of the IPVS trash (bench/peers.py)
 
 
 def argv(manifest: Path) -> list[str]:
