@@ -44,6 +44,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.ports import free_ports
+
 ROOT = Path(__file__).resolve().parents[1]
 GOOD = b"GET /healthz HTTP/1.1\r\nHost: node\r\nConnection: close\r\n\r\n"
 LB_CHECK = b"GET / HTTP/1.1\r\nHost: node\r\nConnection: close\r\n\r\n"
@@ -94,16 +96,6 @@ def own_work() -> str:
         except OSError as exc:
             failed.append(f"{what}: {exc.strerror or exc}")
     return "; ".join(failed) or "ok"
-
-
-def free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
 
 
 def serve_main(module_path: str | None, tenant_ports: int, nofile: int | None) -> None:

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 import pytest
 import structlog
 
+from bench.ports import free_ports
 from ipvsproxy.daemon.hcnp import HealthCheckPorts
 from tests.unit.test_http import get
 
@@ -19,17 +20,6 @@ class FakeHealth:
 
     def is_healthy(self) -> bool:
         return self.healthy
-
-
-def free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def refused(port: int) -> bool:

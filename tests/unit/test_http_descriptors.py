@@ -25,11 +25,11 @@ from typing import IO, Any
 import pytest
 import structlog
 
+from bench.ports import free_ports
 from ipvsproxy.daemon import fds, http
 from ipvsproxy.daemon.hcnp import HealthCheckPorts
 from ipvsproxy.daemon.health import Health
 from ipvsproxy.daemon.metrics import Metrics
-from tests.unit.test_hcnp import free_ports
 from tests.unit.test_http import get
 from tests.unit.test_http_abuse import wait_for
 
