@@ -5,94 +5,39 @@ as a full-length host address so the kernel accepts packets for it and IPVS can 
 Adds and removes are idempotent (an address already there, or already gone, is not an error).
 
 Batching: pyroute2's `addr()` costs ~0.2 ms of Python per call (argument processing, one round
-trip each). Here the RTM_NEWADDR/RTM_DELADDR messages are built directly and written many per
-send() with `nlm_request_batch`; the kernel handles and acknowledges each message of the buffer
-in turn. Failures are not raised from inside a batch (that would lose the other answers); the
-requests that got no positive ack are retried one by one, which gives the real error. A failed
-delete of an address that a dump shows is already gone is the idempotent case, not an error.
+trip each). Here the RTM_NEWADDR/RTM_DELADDR messages are built directly (kernel/addr_codec.py)
+and written many per send() with `nlm_request_batch`; the kernel handles and acknowledges each
+message of the buffer in turn. Failures are not raised from inside a batch (that would lose the
+other answers); the requests that got no positive ack are retried one by one, which gives the
+real error. A failed delete of an address that a dump shows is already gone is the idempotent
+case, not an error.
 
-Listing: the RTM_GETADDR dump is read and decoded here too (decode_addr_payload, checked against
-pyroute2's decoder in tests/unit/test_addr_codec.py). pyroute2's get_addr decodes each message
-through its asyncio core, ~3 ms per address under the lab's emulation: at 2,000 services that
-was half of a full resync's observe (6.5 s of 13 s in a profile).
+Listing: the RTM_GETADDR dump is read and decoded by kernel/addr_codec.py too. pyroute2's
+get_addr decodes each message through its asyncio core, ~3 ms per address under the lab's
+emulation: at 2,000 services that was half of a full resync's observe (6.5 s of 13 s in a
+profile).
 """
 
 from __future__ import annotations
 
 import errno
 import socket
-import struct
 from collections.abc import Iterable, Sequence
-from ipaddress import IPv4Address, IPv6Address
 from types import TracebackType
 from typing import Any
 
 from pyroute2 import IPRoute
-from pyroute2.netlink import NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_REPLACE, NLM_F_REQUEST
+from pyroute2.netlink import NLM_F_ACK, NLM_F_CREATE, NLM_F_REPLACE, NLM_F_REQUEST
 from pyroute2.netlink.exceptions import NetlinkError
-from pyroute2.netlink.rtnl import RTM_DELADDR, RTM_GETADDR, RTM_NEWADDR
+from pyroute2.netlink.rtnl import RTM_DELADDR, RTM_NEWADDR
 
-from ipvsproxy.kernel import ipvs_codec as c
 from ipvsproxy.kernel import nlsock
-
-IPAddress = IPv4Address | IPv6Address
+from ipvsproxy.kernel.addr_codec import IPAddress, decode_addr_payload, dump, encode_addr
 
 KUBE_IPVS0 = "kube-ipvs0"
 # Requests per send(). Each answer waits in the socket's receive buffer until read; 256 of
 # them fit nlsock.roomy's buffer with room to spare on every kernel seen (see nlsock.py).
 BATCH = 256
-_ADDR_MSG = struct.Struct("=IHHIIBBBBi")  # nlmsghdr + ifaddrmsg
-_RTA = struct.Struct("=HH")
-_IFADDRMSG = struct.Struct("=BBBBI")  # family, prefixlen, flags, scope, index
-IFA_ADDRESS, IFA_LOCAL = 1, 2
-
-
-def encode_addr(idx: int, addr: IPAddress, mtype: int, flags: int, seq: int) -> bytes:
-    """RTM_NEWADDR/RTM_DELADDR for one /32 or /128, byte for byte what pyroute2's ifaddrmsg
-    encodes (tests/unit/test_addr_codec.py), which costs ~100x as much: 4 ms per address under
-    the lab's emulation, where a cold start binds 10,000. IPv4 needs IFA_LOCAL (the address)
-    and IFA_ADDRESS (the peer, here the same); IPv6 takes IFA_ADDRESS alone (a differing
-    IFA_LOCAL would make it a peer address)."""
-    raw = addr.packed
-    rta = _RTA.pack(4 + len(raw), IFA_ADDRESS) + raw
-    if addr.version == 4:
-        rta = _RTA.pack(8, IFA_LOCAL) + raw + rta
-    fam = socket.AF_INET if addr.version == 4 else socket.AF_INET6
-    return _ADDR_MSG.pack(_ADDR_MSG.size + len(rta), mtype, flags, seq, 0, fam,
-                          addr.max_prefixlen, 0, 0, idx) + rta
-
-
-def addr_dump_request(family: int, seq: int) -> bytes:
-    """RTM_GETADDR dump of every address of a family (AF_UNSPEC: all). Without strict checking
-    the kernel ignores an ifaddrmsg index in a dump request, so the reader filters by link."""
-    return _ADDR_MSG.pack(_ADDR_MSG.size, RTM_GETADDR, NLM_F_REQUEST | NLM_F_DUMP, seq, 0,
-                          family, 0, 0, 0, 0)
-
-
-def decode_addr_payload(payload: memoryview, idx: int) -> IPAddress | None:
-    """The address of one RTM_NEWADDR (ifaddrmsg, then attributes) if it is on link idx: its
-    IFA_ADDRESS, as pyroute2's get_attr("IFA_ADDRESS") reads it, else IFA_LOCAL; None for
-    another link, or a family other than IPv4 and IPv6."""
-    if len(payload) < _IFADDRMSG.size:
-        raise c.DecodeError("short ifaddrmsg")
-    family, _plen, _flags, _scope, index = _IFADDRMSG.unpack_from(payload)
-    if index != idx or family not in (socket.AF_INET, socket.AF_INET6):
-        return None
-    found: dict[int, bytes] = {}
-    off, end = _IFADDRMSG.size, len(payload)
-    while off + 4 <= end:
-        n, t = _RTA.unpack_from(payload, off)
-        if n < 4 or off + n > end:
-            raise c.DecodeError(f"bad address attribute at offset {off}")
-        if t in (IFA_ADDRESS, IFA_LOCAL):
-            found.setdefault(t, bytes(payload[off + 4:off + n]))
-        off += (n + 3) & ~3
-    raw = found.get(IFA_ADDRESS) or found.get(IFA_LOCAL)
-    if raw is None:
-        return None
-    if len(raw) != (4 if family == socket.AF_INET else 16):
-        raise c.DecodeError(f"address of {len(raw)} bytes in family {family}")
-    return IPv4Address(raw) if family == socket.AF_INET else IPv6Address(raw)
 
 
 class DummyLinkError(Exception):
@@ -169,13 +114,10 @@ class DummyLink:
         automatic, so one found here was put here and is listed.)"""
         idx = self._required_index()
         family = {None: socket.AF_UNSPEC, 4: socket.AF_INET, 6: socket.AF_INET6}[version]
-        with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE) as sock:
-            sock.send(addr_dump_request(family, 1))
-            try:
-                payloads = c.replies(lambda: sock.recv(1 << 20), 1,
-                                     f"listing the addresses of {self.name}")
-            except OSError as exc:
-                raise DummyLinkError(str(exc)) from exc
+        try:
+            payloads = dump(family, f"listing the addresses of {self.name}")
+        except OSError as exc:
+            raise DummyLinkError(str(exc)) from exc
         found = (decode_addr_payload(p, idx) for p in payloads)  # all RTM_NEWADDR
         return frozenset(a for a in found
                          if a is not None and not (a.version == 6 and a.is_link_local))

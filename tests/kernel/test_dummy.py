@@ -131,3 +131,29 @@ def test_a_batch_fits_whatever_the_default_receive_buffer(link: DummyLink) -> No
     finally:
         sh(f"sysctl -qw net.core.rmem_default={before}")
     assert oracle() == set()
+
+
+def test_host_facts_list_every_address_but_kube_ipvs0s(link: DummyLink) -> None:
+    """host_facts reads the dump itself (kernel/addr_codec.py) and passes over kube-ipvs0's
+    addresses: it lists what pyroute2 lists, less those, and `ip addr` agrees."""
+    from pyroute2 import IPRoute
+
+    from ipvsproxy.kernel.host import host_facts
+
+    link.ensure()
+    link.add([IPv4Address("10.96.0.1"), IPv6Address("fd00:10:96::a")])
+    sh("ip link add lab-other type dummy && ip link set lab-other up")
+    try:
+        sh("ip addr add 192.0.2.7/24 dev lab-other && ip addr add 2001:db8:7::7/64 dev lab-other"
+           " nodad")
+        facts = host_facts()
+        with IPRoute() as ipr:
+            names = {m["index"]: m.get_attr("IFLA_IFNAME") for m in ipr.get_links()}
+            theirs = [(names[m["index"]], ip_address(m.get_attr("IFA_ADDRESS")))
+                      for m in ipr.get_addr()]
+    finally:
+        sh("ip link del lab-other", check=False)
+    assert list(facts.addresses) == [(i, a) for i, a in theirs if i != KUBE_IPVS0]
+    assert ("lab-other", ip_address("192.0.2.7")) in facts.addresses
+    assert ("lab-other", ip_address("2001:db8:7::7")) in facts.addresses
+    assert not [a for i, a in facts.addresses if i == KUBE_IPVS0]

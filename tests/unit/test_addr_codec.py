@@ -1,6 +1,8 @@
-"""kube-ipvs0's address messages (kernel/dummy.encode_addr): byte for byte what pyroute2 encodes
-for the same address, so the hand-written encoder can replace it on the cold-start hot path; and
-the address dump (addr_dump_request, decode_addr_payload) reads what pyroute2's decoder reads."""
+"""Interface address messages (kernel/addr_codec.py: kube-ipvs0's and the host's addresses):
+byte for byte what pyroute2 encodes for the same address, so the hand-written encoder can
+replace it on the cold-start hot path; the address dump (addr_dump_request, decode_addr) reads
+what pyroute2's decoder reads; and host_facts reads the host's addresses as pyroute2 lists them,
+kube-ipvs0's left out."""
 
 from __future__ import annotations
 
@@ -13,7 +15,12 @@ from pyroute2.netlink import NLM_F_ACK, NLM_F_CREATE, NLM_F_REPLACE, NLM_F_REQUE
 from pyroute2.netlink.rtnl import RTM_DELADDR, RTM_NEWADDR
 from pyroute2.netlink.rtnl.ifaddrmsg import ifaddrmsg
 
-from ipvsproxy.kernel.dummy import addr_dump_request, decode_addr_payload, encode_addr
+from ipvsproxy.kernel.addr_codec import (
+    addr_dump_request,
+    decode_addr,
+    decode_addr_payload,
+    encode_addr,
+)
 from ipvsproxy.kernel.ipvs_codec import DecodeError
 
 NEW = NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_REPLACE
@@ -87,6 +94,7 @@ def test_dump_decodes_as_pyroute2_does(addr: str, extra: bool, peer: str | None)
     payload = memoryview(raw)[16:]
     assert decode_addr_payload(payload, 7) == ip_address(theirs.get_attr("IFA_ADDRESS"))
     assert decode_addr_payload(payload, 8) is None  # another link's address
+    assert decode_addr(payload) == (7, ip_address(theirs.get_attr("IFA_ADDRESS")))
 
 
 def test_dump_request_and_bad_messages() -> None:
@@ -107,3 +115,17 @@ def test_dump_request_and_bad_messages() -> None:
         decode_addr_payload(good[:len(good) - 2], 3)  # last attribute overruns
     # a family other than IPv4 and IPv6 is not an address of ours
     assert decode_addr_payload(memoryview(bytes([17]) + bytes(good[1:])), 3) is None
+
+
+def test_host_facts_reads_this_hosts_addresses_as_pyroute2_does() -> None:
+    """On the host running the tests (the lab's kernel test adds kube-ipvs0 to this)."""
+    from pyroute2 import IPRoute
+
+    from ipvsproxy.kernel.host import host_facts
+
+    with IPRoute() as ipr:
+        names = {m["index"]: m.get_attr("IFLA_IFNAME") for m in ipr.get_links()}
+        theirs = [(names[m["index"]], ip_address(m.get_attr("IFA_ADDRESS")))
+                  for m in ipr.get_addr() if m.get_attr("IFA_ADDRESS")]
+    assert theirs, "no address on this host at all"
+    assert list(host_facts().addresses) == theirs
