@@ -35,7 +35,8 @@ from ipaddress import ip_address
 from pathlib import Path
 from typing import Any
 
-from bench.cluster_bench import FLAGS, _proc_kb, clean, node_down, node_up
+from bench import procstat
+from bench.cluster_bench import FLAGS, clean, node_down, node_up
 from bench.cluster_gen import endpoint_slice, generate, pod_ip
 
 HEALTHZ = "127.0.0.1:10256"
@@ -128,7 +129,7 @@ def run(build: Path, label: str, services: int, tmp: Path) -> dict[str, Any]:
             time.sleep(0.5)
         m = wait_full_syncs(1)
         out["base"] = {"virtual_servers": m.get("ipvsproxy_virtual_servers"),
-                       "rss_mb": _proc_kb(d.pid, "VmRSS") / 1024,
+                       "rss_mb": procstat.kb(d.pid, "VmRSS") / 1024,
                        "full_sync_s": full_sync_seconds(log, 0)[-1]}
         print(f"{label}: base {out['base']}", flush=True)
 
@@ -147,8 +148,8 @@ def run(build: Path, label: str, services: int, tmp: Path) -> dict[str, Any]:
         m = wait_full_syncs(2, timeout=7200)
         out["amplification"] = {
             "virtual_servers": m.get("ipvsproxy_virtual_servers"),
-            "rss_mb": _proc_kb(d.pid, "VmRSS") / 1024,
-            "hwm_mb": _proc_kb(d.pid, "VmHWM") / 1024,
+            "rss_mb": procstat.kb(d.pid, "VmRSS") / 1024,
+            "hwm_mb": procstat.kb(d.pid, "VmHWM") / 1024,
             "full_syncs_s": full_sync_seconds(log, since),
             "two_full_syncs_after_s": time.monotonic() - t1,
             "healthz": status("/healthz")}
@@ -240,7 +241,7 @@ def run(build: Path, label: str, services: int, tmp: Path) -> dict[str, Any]:
         wait_full_syncs(1)
         out["flags_flood"] = {"log_bytes": log.stat().st_size - since}
         print(f"{label}: flags flood {out['flags_flood']}", flush=True)
-        out["final_rss_mb"] = _proc_kb(d.pid, "VmRSS") / 1024
+        out["final_rss_mb"] = procstat.kb(d.pid, "VmRSS") / 1024
     finally:
         d.terminate()
         d.wait(120)

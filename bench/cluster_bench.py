@@ -49,6 +49,7 @@ from ipaddress import ip_address
 from pathlib import Path
 from typing import Any
 
+from bench import procstat
 from bench.cluster_gen import (
     API_IP,
     API_PORT,
@@ -310,13 +311,6 @@ def _metrics() -> dict[str, float]:
     return metrics_or_empty()
 
 
-def _proc_kb(pid: int, field: str) -> int:
-    text = Path(f"/proc/{pid}/status").read_text()
-    m = re.search(rf"^{field}:\s+(\d+) kB", text, re.M)
-    assert m, field
-    return int(m.group(1))
-
-
 def daemon_run(n: int, m: int, changes: int, tmp: Path) -> dict[str, Any]:
     """The daemon against the test API server with n services x m endpoints: seconds to
     program them, its memory, then `changes` endpoint changes, one at a time."""
@@ -361,8 +355,8 @@ def daemon_run(n: int, m: int, changes: int, tmp: Path) -> dict[str, Any]:
               flush=True)
         assert got.get("ipvsproxy_virtual_servers", 0) >= want, got.get("ipvsproxy_virtual_servers")
         time.sleep(2.0)  # settle: the first sync's garbage is collected
-        out["rss_mb"] = _proc_kb(d.pid, "VmRSS") / 1024
-        out["hwm_mb"] = _proc_kb(d.pid, "VmHWM") / 1024
+        out["rss_mb"] = procstat.kb(d.pid, "VmRSS") / 1024
+        out["hwm_mb"] = procstat.kb(d.pid, "VmHWM") / 1024
         # the changes: ClusterIP services whose replaced pod is not on this node (so the kernel
         # work is exactly one real server added and one deleted, no hairpin set entry); a
         # service changed again replaces the same pod again (cluster_gen.pod_ip: version v

@@ -44,6 +44,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench import procstat
 from bench.ports import free_ports
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -216,11 +217,9 @@ class Server:
         for fd in listing:
             with contextlib.suppress(OSError):
                 held += os.readlink(f"{fds}/{fd}").startswith("socket:")
-        status = Path(f"/proc/{self.proc.pid}/status").read_text().split("\n")
-        field = {k: v.split()[0] for k, _, v in (line.partition(":\t") for line in status)
-                 if v.strip()}
+        field = procstat.status(self.proc.pid)
         return {"held": held - self.base_sockets, "fds": len(listing),
-                "threads": int(field["Threads"]), "rss": int(field["VmRSS"]) * 1024}
+                "threads": field["Threads"], "rss": field["VmRSS"] * 1024}
 
     def stop(self) -> None:
         assert self.proc.stdin is not None

@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench import procstat
 from bench.cluster_gen import CLUSTER_CIDR, NODE, NODE_IP, generate, pod_ip
 from bench.node_install import Installed, install
 from bench.peers_cluster import (
@@ -138,11 +139,14 @@ INSTALLED: Installed | None = None
 PROFILE = False  # --profile: ipvsproxy runs under cProfile (its figures are then not comparable)
 
 
-def argv(v: Variant, conf: Path) -> list[str]:
+def argv(v: Variant, conf: Path, profile: Path | None = None) -> list[str]:
+    """The proxy's command; `profile`: ipvsproxy's main thread (its syncs) under cProfile,
+    written there."""
     if v.binary == "ipvsproxy":
-        cmd = INSTALLED.ipvsproxy() if INSTALLED else \
-            [str(Path(sys.executable).with_name("ipvsproxy"))]
-        return [*cmd, "--log-format", "json", "run", "--config", str(conf)]
+        python, script = (INSTALLED.ipvsproxy() if INSTALLED else
+                          [sys.executable, str(Path(sys.executable).with_name("ipvsproxy"))])
+        prof = [] if profile is None else ["-m", "cProfile", "-o", str(profile)]
+        return [python, *prof, script, "--log-format", "json", "run", "--config", str(conf)]
     binary = INSTALLED.kube_proxy() if INSTALLED else str(upstream_bin() / "kube-proxy")
     return [binary, f"--config={conf}"]
 
@@ -227,15 +231,11 @@ def memory(pid: int) -> dict[str, float]:
     and RssShmem, the pages of its binary and libraries it touched (a Go binary's text, an
     interpreter's libraries; Shmem where they sit in tmpfs, bench/node_install.py); VmHWM, the
     peak; and its Threads."""
-    keys = ("VmRSS", "RssAnon", "RssFile", "RssShmem", "VmHWM", "Threads")
-    got = {}
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        k, _, v = line.partition(":")
-        if k in keys:
-            got[k] = int(v.split()[0]) / (1 if k == "Threads" else 1024)
+    got = procstat.status(pid)
     if "VmRSS" not in got:
         raise RuntimeError("no VmRSS")
-    return got
+    return {k: got[k] / (1 if k == "Threads" else 1024)
+            for k in ("VmRSS", "RssAnon", "RssFile", "RssShmem", "VmHWM", "Threads") if k in got}
 
 
 class Proxy:
@@ -244,13 +244,7 @@ class Proxy:
         conf = work / f"{v.name}.conf"
         conf.write_text(config(v, kubeconfig))
         self.log = logs / f"{v.name}.log"
-        self.argv = argv(v, conf)
-        if PROFILE and v.binary == "ipvsproxy":  # the daemon's main thread (its syncs) profiled
-            python = str(INSTALLED.python) if INSTALLED else sys.executable
-            script = self.argv[1] if INSTALLED else self.argv[0]
-            rest = self.argv[2:] if INSTALLED else self.argv[1:]
-            self.argv = [python, "-m", "cProfile", "-o", str(logs / f"{v.name}.prof"), script,
-                         *rest]
+        self.argv = argv(v, conf, logs / f"{v.name}.prof" if PROFILE else None)
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> float:

@@ -4,6 +4,10 @@ arithmetic. No timing is asserted."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
+
 from bench import peers
 from bench.cluster_gen import generate
 from bench.peers_cluster import (
@@ -148,3 +152,16 @@ def test_changes_past_the_cap_read_as_more_than_it() -> None:
                                            1200.0, 1200.0)}
     assert got["p99"]["values"]["kube-proxy-ipvs"] == "> 1200 s"
     assert got["p99"]["ratios"] == {} and got["p99"]["met"] is None
+
+
+def test_the_profiled_command_is_the_plain_one_under_cprofile(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("IPVSPROXY_UPSTREAM_BIN", str(tmp_path))  # no kube-proxy build needed
+    v = peers.VARIANTS["ipvsproxy"]
+    conf, prof = tmp_path / "c.conf", tmp_path / "ipvsproxy.prof"
+    plain = peers.argv(v, conf)
+    assert peers.argv(v, conf, prof) == [plain[0], "-m", "cProfile", "-o", str(prof), *plain[1:]]
+    assert plain[2:] == ["--log-format", "json", "run", "--config", str(conf)]
+    # kube-proxy runs as it is, profile or not
+    kp = peers.VARIANTS["kube-proxy-ipvs"]
+    assert peers.argv(kp, conf, prof) == peers.argv(kp, conf)
