@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import procstat
-from bench.ports import free_ports
+from integration.ports import free_ports
 
 ROOT = Path(__file__).resolve().parents[1]
 GOOD = b"GET /healthz HTTP/1.1\r\nHost: node\r\nConnection: close\r\n\r\n"

@@ -32,7 +32,6 @@ import queue
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -45,6 +44,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from integration.ports import free_ports
 from integration.upstream.client import ApiError, Client, Obj
 
 # Dual-stack, as a cluster of today: the IPv6 range is within the 20 bits the allocator takes.
@@ -85,9 +85,9 @@ def binaries() -> Path:
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+    """Below the ephemeral range (integration/ports.py): kube-apiserver's own connections to
+    etcd take ephemeral source ports, and the next control plane's port must not be one."""
+    return free_ports(1, host)[0]
 
 
 def _pem_certificates(text: str) -> list[str]:

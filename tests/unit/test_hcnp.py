@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 import structlog
 
-from bench.ports import free_ports
+from integration.ports import free_ports
 from ipvsproxy.daemon.hcnp import HealthCheckPorts
 from tests.unit.test_http import get
 

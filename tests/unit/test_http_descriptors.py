@@ -25,7 +25,7 @@ from typing import IO, Any
 import pytest
 import structlog
 
-from bench.ports import free_ports
+from integration.ports import free_ports
 from ipvsproxy.daemon import fds, http
 from ipvsproxy.daemon.hcnp import HealthCheckPorts
 from ipvsproxy.daemon.health import Health

@@ -1,4 +1,4 @@
-"""bench/ports.py: the ports handed to listeners opened later lie below the ephemeral range,
+"""integration/ports.py: the ports handed to listeners opened later lie below the ephemeral range,
 where no outgoing connection can take one first, and are free when chosen."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import socket
 
 import pytest
 
-from bench.ports import FLOOR, ephemeral_low, free_ports
+from integration.ports import FLOOR, ephemeral_low, free_ports
 
 
 def test_ports_are_distinct_free_and_outside_the_ephemeral_range() -> None:
