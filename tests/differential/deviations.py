@@ -292,6 +292,28 @@ def _special_address(d: Difference, c: Context) -> bool:
     return d.candidate is None and any(_special(ip) for ip in ips_in(d.key) & c.any_ips)
 
 
+def _refused_local_endpoints(d: Difference, c: Context) -> bool:
+    """A real server only ipvsproxy has in an external virtual server (externalIP, LB IP,
+    NodePort) of an externalTrafficPolicy Local Service whose local endpoints all have special
+    addresses: kube-proxy chooses them, so it has no fallback, and the kernel refuses them
+    (an empty virtual server); ipvsproxy refuses them first, finds no usable local endpoint and
+    does what it documents for that case (the cluster's endpoints, outside clients dropped;
+    externalTrafficPolicy Local without a local endpoint). Seed 853066 found it."""
+    if d.kind != "ipvs dest" or d.reference is not None or d.candidate is None:
+        return False
+    vs = vs_of(d)
+    svc = c.owner(vs)
+    if svc is None:
+        return False
+    spec = svc.get("spec", {})
+    if spec.get("externalTrafficPolicy") != "Local" or \
+            ips_in(vs) & {_sloppy(a) for a in spec.get("clusterIPs") or []}:
+        return False
+    local = [e for sl in c.slices_of(svc) for e in sl.get("endpoints") or []
+             if e.get("addresses") and e.get("nodeName") == c.node_name]
+    return bool(local) and all(_special(_sloppy(e["addresses"][0]) or "0.0.0.0") for e in local)
+
+
 def _leading_zeros(d: Difference, c: Context) -> bool:
     """About an address the API objects spell only with leading zeros (legacy IPv4 fields:
     externalIPs, LB ingress IPs, IPv4 EndpointSlice addresses): kube-proxy reads them as
@@ -407,7 +429,7 @@ DEVIATIONS: tuple[Deviation, ...] = (
         "address, which IPVS cannot balance) is refused",
         "tests/unit/test_tenants.py::"
         "test_special_addresses_are_refused_for_endpoints_and_service_addresses",
-        _special_address),
+        lambda d, c: _special_address(d, c) or _refused_local_endpoints(d, c)),
     Deviation(
         "ambiguous IPv4 spellings refused (leading zeros)",
         "An IPv4 address written with leading zeros (`010.244.1.5`) or as IPv4-mapped IPv6 "

@@ -340,6 +340,16 @@ CTX_OBJECTS: list[dict[str, Any]] = [
     {"kind": "Service", "metadata": {"namespace": "c", "name": "self"},
      "spec": {"type": "ClusterIP", "clusterIPs": ["10.96.3.3"], "externalIPs": ["10.96.3.3"],
               "externalTrafficPolicy": "Local", "ports": [{"protocol": "TCP", "port": 80}]}},
+    # seed 853066: Local policy, the only local endpoint multicast, a remote one
+    {"kind": "Service", "metadata": {"namespace": "d", "name": "mc"},
+     "spec": {"type": "ClusterIP", "clusterIPs": ["10.96.4.4"], "externalIPs": ["203.0.113.12"],
+              "externalTrafficPolicy": "Local",
+              "ports": [{"protocol": "TCP", "port": 8080, "targetPort": 5043}]}},
+    {"kind": "EndpointSlice", "metadata": {
+        "namespace": "d", "name": "mc-1", "labels": {"kubernetes.io/service-name": "mc"}},
+     "addressType": "IPv4", "endpoints": [
+         {"addresses": ["233.252.1.108"], "nodeName": "diff-node"},
+         {"addresses": ["10.244.2.7"], "nodeName": "node-b"}]},
 ]
 
 
@@ -392,6 +402,12 @@ CTX_OBJECTS: list[dict[str, Any]] = [
     (Difference("ipvs service", "TCP 203.0.113.8:443", "-s rr", None),
      "documented: ambiguous IPv4 spellings refused (IPv4-mapped)"),
     (Difference("sysctl", "net/ipv4/ip_forward", "1", "0"), "unexplained: sysctl"),
+    # kube-proxy chose the multicast local endpoint (refused by the kernel); ipvsproxy refused
+    # it first and, with no usable local endpoint, serves the node from the cluster's
+    (Difference("ipvs dest", "TCP 203.0.113.12:8080 -> 10.244.2.7:5043", None, "-m -w 1"),
+     "documented: special addresses refused"),
+    (Difference("ipvs dest", "TCP 10.96.4.4:8080 -> 10.244.2.7:5043", None, "-m -w 1"),
+     "unexplained: ipvs dest"),  # the ClusterIP's real servers are the same in both
 ])
 def test_classify(diff: Difference, expected: str) -> None:
     assert D.classify(diff, D.Context.from_objects(CTX_OBJECTS)) == expected
