@@ -143,8 +143,8 @@ class Reconciler:
     # --------------------------------------------------------------------------- the loop
 
     def run(self, stop: threading.Event) -> None:
-        while not stop.is_set() and not self.store.initialized():
-            self.store.wait(0.2)
+        while not stop.is_set() and not self.store.wait_initialized(0.2):
+            pass
         next_full = self.clock()  # the first sync is a full one
         last_end = float("-inf")
         retry_at: float | None = None

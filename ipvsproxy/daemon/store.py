@@ -167,6 +167,16 @@ class Store:
         with self._cond:
             return self.listed >= set(KINDS)
 
+    def wait_initialized(self, timeout: float) -> bool:
+        """Block until initialized() (or notify()), at most `timeout`. Not `wait`: every listed
+        object is a pending change, so waiting for changes while the lists are read returns at
+        once, and the reconciler spun on the lock and the GIL beside the reflectors parsing the
+        lists (106,000 turns during a 10,000-service list in the lab)."""
+        with self._cond:
+            if not self.listed >= set(KINDS):
+                self._cond.wait(timeout)
+            return self.listed >= set(KINDS)
+
     def wait(self, timeout: float) -> bool:
         """Block until there are changes (or the store got initialized), at most `timeout`."""
         with self._cond:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from ipvsproxy.config import Config
@@ -88,6 +88,44 @@ def test_first_sync_is_full_then_changes_are_incremental() -> None:
     assert k.plans[-1].lines() == ["ipvsadm -a -t 10.96.0.7:80 -r 10.244.9.9:80 -m -w 1"]
     assert r.last.mode == "incremental" and r.last.operations == {"ipvs_add_dest": 1}
 
+
+
+def test_the_loop_waits_for_the_lists_without_spinning() -> None:
+    # The lists queue every object as a change; the loop used to wait for changes before the
+    # store was initialised, so it returned at once and spun beside the reflectors (106,000
+    # turns in a 10,000-service list in the lab).
+    s, k = Store(NODE), Recorder()
+    s.list_page("Service", [service("a", "10.96.0.1")], first=True)
+    s.list_done("Service")
+    s.list_page("EndpointSlice", [slice_("a", ep("10.244.1.1", "node-b"))], first=True)
+    turns = 0
+
+    def counted(wait: Callable[[float], bool]) -> Callable[[float], bool]:
+        def turn(timeout: float) -> bool:
+            nonlocal turns
+            turns += 1
+            return wait(timeout)
+        return turn
+
+    s.wait_initialized = counted(s.wait_initialized)  # type: ignore[method-assign]
+    s.wait = counted(s.wait)  # type: ignore[method-assign]
+    r = Reconciler(CFG, s, kernel=k)
+    stop = threading.Event()
+    loop = threading.Thread(target=r.run, args=(stop,), daemon=True)
+    loop.start()
+    try:
+        time.sleep(0.5)
+        assert k.calls == [] and turns <= 4  # 0.2 s a turn
+        s.list_done("EndpointSlice")
+        s.replace("Node", [node()])
+        deadline = time.monotonic() + 10
+        while not k.calls and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        stop.set()
+        s.notify()
+        loop.join(10)
+    assert k.calls[:1] == ["observe"] and not loop.is_alive()
 
 def test_a_failed_shared_operation_is_retried_by_a_full_sync() -> None:
     s, k = cluster(3), Recorder()

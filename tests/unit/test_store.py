@@ -3,6 +3,7 @@ list, equal objects ignored, invalid objects reported once, initialisation gated
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import structlog
@@ -29,6 +30,26 @@ def test_initialised_only_when_every_kind_was_listed() -> None:
     s.replace("Node", [])  # no Node object (yet): listed all the same
     assert s.initialized()
 
+
+
+def test_waiting_for_initialisation_is_not_woken_by_what_the_lists_queue() -> None:
+    # Every listed object is a pending change: a wait for changes returns at once while the
+    # lists are read, a wait for the lists does not.
+    s = store()
+    s.list_page("Service", [service("a", "10.96.0.1")], first=True)
+    s.list_done("Service")
+    s.list_page("EndpointSlice", [slice_("a", ep("10.244.1.1"))], first=True)
+    assert s.pending_any() and s.wait(5.0)  # woken by the pending changes, not timed out
+    got: list[bool] = []
+    waiter = threading.Thread(target=lambda: got.append(s.wait_initialized(30.0)))
+    waiter.start()
+    waiter.join(0.2)
+    assert waiter.is_alive() and not got  # still waiting, though changes are pending
+    s.list_done("EndpointSlice")
+    s.replace("Node", [node()])  # the last kind listed wakes it
+    waiter.join(10.0)
+    assert got == [True]
+    assert s.wait_initialized(0.0)
 
 def test_changes_are_per_service_and_equal_objects_are_no_change() -> None:
     s = store()
