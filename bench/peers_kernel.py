@@ -112,15 +112,45 @@ class Chains:
                 off += (n + 3) & ~3
 
 
+# One thing of the cluster the kernel must hold: an endpoint of a service, or (ip None) the
+# service's ClusterIP bound to kube-ipvs0 (IPVS modes only).
+Item = tuple[Service, str | None]
+# Re-checking more items than this one by one costs more than reading everything once.
+ONE_BY_ONE = 64
+
+
 class Probe:
     """One proxy mode's view of the kernel: `has(svc, ip)` (is this endpoint of this service
-    programmed) and `missing(expected)` (which of every service's endpoints are not)."""
+    programmed), `absent(expected)` (what of every service is not: one read of everything) and
+    `still_absent(items)` (which of those few still are: read one by one)."""
 
     def has(self, svc: Service, ip: str) -> bool:
         raise NotImplementedError
 
-    def missing(self, expected: Sequence[tuple[Service, Sequence[str]]]) -> int:
+    def absent(self, expected: Sequence[tuple[Service, Sequence[str]]]) -> list[Item]:
         raise NotImplementedError
+
+    def still_absent(self, items: Sequence[Item]) -> list[Item]:
+        if len(items) > ONE_BY_ONE:
+            # many left (the proxy is still at it): a spread sample one by one, and everything
+            # read again only once that sample is all there
+            sample = [*items[::len(items) // ONE_BY_ONE + 1][:ONE_BY_ONE - 1], items[-1]]
+            left = self.still_absent(sample)
+            if left:
+                there = set(sample) - set(left)
+                return [it for it in items if it not in there]
+            by_svc: dict[Service, list[str]] = {}
+            for svc, ip in items:
+                by_svc.setdefault(svc, []).extend([] if ip is None else [ip])
+            again = set(self.absent(list(by_svc.items())))
+            return [it for it in items if it in again]
+        unbound = self.unbound([svc for svc, ip in items if ip is None])
+        return [(svc, ip) for svc, ip in items
+                if (svc in unbound if ip is None else not self.has(svc, ip))]
+
+    def unbound(self, svcs: Sequence[Service]) -> set[Service]:
+        """Which of `svcs` have no address bound (IPVS modes: one read of kube-ipvs0)."""
+        return set()
 
     def close(self) -> None:
         pass
@@ -144,24 +174,32 @@ class IpvsProbe(Probe):
         want = ip_address(ip)
         return vs is not None and any(d.dest.key.addr == want for d in vs.dests)
 
-    def missing(self, expected: Sequence[tuple[Service, Sequence[str]]]) -> int:
-        """Endpoints not under their ClusterIP's virtual server, plus ClusterIPs not bound to
-        kube-ipvs0."""
-        from ipvsproxy.kernel.dummy import DummyLinkError
-
+    def absent(self, expected: Sequence[tuple[Service, Sequence[str]]]) -> list[Item]:
+        """Endpoints not under their ClusterIP's virtual server, and ClusterIPs not bound to
+        kube-ipvs0 (ip None)."""
         held: dict[object, set[object]] = {
             o.service.key: {d.dest.key.addr for d in o.dests}
             for o in self.ipvs.dump(stats=False)}
-        try:
-            bound = self.link.addresses(4)
-        except DummyLinkError:  # no kube-ipvs0 yet
-            bound = frozenset()
-        lost = 0
+        bound = self._bound()
+        out: list[Item] = []
         for svc, ips in expected:
             dests = held.get(self._key(svc), set())
-            lost += sum(ip_address(ip) not in dests for ip in ips)
-            lost += ip_address(svc.cluster_ip) not in bound
-        return lost
+            out += [(svc, ip) for ip in ips if ip_address(ip) not in dests]
+            if ip_address(svc.cluster_ip) not in bound:
+                out.append((svc, None))
+        return out
+
+    def _bound(self) -> frozenset[object]:
+        from ipvsproxy.kernel.dummy import DummyLinkError
+
+        try:
+            return frozenset(self.link.addresses(4))
+        except DummyLinkError:  # no kube-ipvs0 yet
+            return frozenset()
+
+    def unbound(self, svcs: Sequence[Service]) -> set[Service]:
+        bound = self._bound() if svcs else frozenset()
+        return {svc for svc in svcs if ip_address(svc.cluster_ip) not in bound}
 
     def close(self) -> None:
         self.ipvs.close()
@@ -180,9 +218,9 @@ class ChainProbe(Probe):
     def has(self, svc: Service, ip: str) -> bool:
         return self.chains.exists(self.table, self.name(svc, ip))
 
-    def missing(self, expected: Sequence[tuple[Service, Sequence[str]]]) -> int:
+    def absent(self, expected: Sequence[tuple[Service, Sequence[str]]]) -> list[Item]:
         held = self.chains.all(self.table)
-        return sum(self.name(svc, ip) not in held for svc, ips in expected for ip in ips)
+        return [(svc, ip) for svc, ips in expected for ip in ips if self.name(svc, ip) not in held]
 
     def close(self) -> None:
         self.chains.close()

@@ -4,11 +4,15 @@ arithmetic. No timing is asserted."""
 
 from __future__ import annotations
 
+import os
+import random
+import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 
-from bench import peers
+from bench import peers, peers_kernel
 from bench.cluster_gen import generate
 from bench.peers_cluster import (
     HC_PORT_BASE,
@@ -21,6 +25,7 @@ from bench.peers_cluster import (
     percentile,
     services,
 )
+from bench.peers_kernel import Item
 
 SVC1 = Service(1, "ns1", "svc1", "TCP", "10.20.30.41", 80, "p80", 80)
 
@@ -160,8 +165,87 @@ def test_the_profiled_command_is_the_plain_one_under_cprofile(
     v = peers.VARIANTS["ipvsproxy"]
     conf, prof = tmp_path / "c.conf", tmp_path / "ipvsproxy.prof"
     plain = peers.argv(v, conf)
-    assert peers.argv(v, conf, prof) == [plain[0], "-m", "cProfile", "-o", str(prof), *plain[1:]]
+    assert peers.argv(v, conf, prof) == [plain[0], "-P", "-m", "cProfile", "-o", str(prof),
+                                         *plain[1:]]
     assert plain[2:] == ["--log-format", "json", "run", "--config", str(conf)]
     # kube-proxy runs as it is, profile or not
     kp = peers.VARIANTS["kube-proxy-ipvs"]
     assert peers.argv(kp, conf, prof) == peers.argv(kp, conf)
+
+
+class _Proc:
+    pid = os.getpid()
+
+    def alive(self) -> None:
+        pass
+
+
+class _ScriptedProbe(peers_kernel.Probe):
+    """Endpoints appear at given poll numbers; the full read numbered `gone_on_read` also finds
+    the first service's second endpoint missing (it is back at the next look)."""
+
+    def __init__(self, appears: dict[tuple[str, str], int], gone_on_read: int = 0) -> None:
+        self.appears, self.gone_on_read, self.polls, self.full_reads = appears, gone_on_read, 0, 0
+
+    def _held(self, name: str, ip: str) -> bool:
+        return self.polls >= self.appears.get((name, ip), 0)
+
+    def has(self, svc: Service, ip: str) -> bool:
+        self.polls += 1
+        return self._held(svc.name, ip)
+
+    def absent(self, expected: Sequence[tuple[Service, Sequence[str]]]) -> list[Item]:
+        self.polls += 1
+        self.full_reads += 1
+        gone = [(expected[0][0], expected[0][1][1])] if self.full_reads == self.gone_on_read \
+            else []
+        return gone + [(s, ip) for s, ips in expected for ip in ips if not self._held(s.name, ip)]
+
+
+def _expected() -> list[tuple[Service, list[str]]]:
+    return [(Service(i, "ns", f"s{i}", "TCP", f"10.96.0.{i}", 80, "p", 80),
+             [f"10.0.{i}.1", f"10.0.{i}.2"]) for i in range(1, 4)]
+
+
+def test_cold_polls_only_what_the_full_read_found_missing() -> None:
+    exp = _expected()
+    probe = _ScriptedProbe({("s2", "10.0.2.1"): 40})
+    c = peers.cold(_Proc(), probe, exp, time.perf_counter(), 60, random.Random(1), pause=0)
+    assert "cold_s" in c and c["checks"] > 2
+    # one full read found it missing, one confirmed the end: every check between was one GET
+    assert probe.full_reads == 2
+
+
+def test_cold_polls_on_when_the_confirming_read_finds_something_gone() -> None:
+    probe = _ScriptedProbe({("s2", "10.0.2.1"): 30}, gone_on_read=2)
+    c = peers.cold(_Proc(), probe, _expected(), time.perf_counter(), 60, random.Random(1),
+                   pause=0)
+    # read 1 found s2's endpoint missing, read 2 (confirming) found s1's gone, read 3 confirmed
+    assert "cold_s" in c and c["gone_after_confirm"] == 1 and probe.full_reads == 3
+
+
+def test_cold_is_capped() -> None:
+    probe = _ScriptedProbe({("s3", "10.0.3.2"): 10**9})
+    c = peers.cold(_Proc(), probe, _expected(), time.perf_counter() - 100, 60,
+                   random.Random(1), pause=0)
+    assert c["capped"] == 60
+
+
+def test_many_items_are_read_again_at_once_not_one_by_one() -> None:
+    exp = [(Service(i, "ns", f"s{i}", "TCP", f"10.96.{i // 250}.{i % 250}", 80, "p", 80),
+            [f"10.1.{i // 250}.{i % 250}"]) for i in range(200)]
+    probe = _ScriptedProbe({(s.name, ips[0]): 5 for s, ips in exp[:100]})
+    left = probe.absent(exp)
+    assert len(left) == 100 > peers_kernel.ONE_BY_ONE
+    probe.polls = 10
+    assert probe.still_absent(left) == [] and probe.full_reads == 2
+
+
+def test_many_items_are_sampled_while_some_of_the_sample_are_missing() -> None:
+    exp = [(Service(i, "ns", f"s{i}", "TCP", f"10.96.{i // 250}.{i % 250}", 80, "p", 80),
+            [f"10.1.{i // 250}.{i % 250}"]) for i in range(300)]
+    probe = _ScriptedProbe({(s.name, ips[0]): 10**9 for s, ips in exp[:200]})
+    left = probe.absent(exp)
+    assert len(left) == 200
+    again = probe.still_absent(left)
+    assert again == left and probe.full_reads == 1  # a sample polled, nothing read in full
