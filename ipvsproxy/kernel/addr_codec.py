@@ -52,12 +52,17 @@ def addr_dump_request(family: int, seq: int) -> bytes:
                           family, 0, 0, 0, 0)
 
 
+def link_index(payload: memoryview) -> int:
+    """The link of one RTM_NEWADDR, read without decoding the rest."""
+    if len(payload) < _IFADDRMSG.size:
+        raise c.DecodeError("short ifaddrmsg")
+    return int(_INDEX.unpack_from(payload, 4)[0])
+
+
 def decode_addr_payload(payload: memoryview, idx: int) -> IPAddress | None:
     """The address of one RTM_NEWADDR (ifaddrmsg, then attributes) if it is on link idx (see
     decode_addr); None for another link."""
-    if len(payload) < _IFADDRMSG.size:
-        raise c.DecodeError("short ifaddrmsg")
-    if _INDEX.unpack_from(payload, 4)[0] != idx:
+    if link_index(payload) != idx:
         return None
     got = decode_addr(payload)
     return None if got is None else got[1]
@@ -100,7 +105,7 @@ def addresses(skip: int | None = None) -> Iterator[tuple[int, IPAddress]]:
     """(link index, address) of every address of every link but link `skip`, whose messages
     are passed over unread (kube-ipvs0's 10,000 at 10,000 services)."""
     for p in dump(socket.AF_UNSPEC, "listing the addresses"):
-        if skip is not None and len(p) >= _IFADDRMSG.size and _INDEX.unpack_from(p, 4)[0] == skip:
+        if skip is not None and link_index(p) == skip:
             continue
         got = decode_addr(p)
         if got is not None:

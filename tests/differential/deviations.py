@@ -311,7 +311,10 @@ def _refused_local_endpoints(d: Difference, c: Context) -> bool:
         return False
     local = [e for sl in c.slices_of(svc) for e in sl.get("endpoints") or []
              if e.get("addresses") and e.get("nodeName") == c.node_name]
-    return bool(local) and all(_special(_sloppy(e["addresses"][0]) or "0.0.0.0") for e in local)
+    # An address kube-proxy cannot read (netutils.ParseIPSloppy) is still chosen, by nodeName,
+    # and then skipped when the real servers are built: as refused as a special one.
+    return bool(local) and all((ip := _sloppy(e["addresses"][0])) is None or _special(ip)
+                               for e in local)
 
 
 def _leading_zeros(d: Difference, c: Context) -> bool:
