@@ -593,7 +593,7 @@ def run_all(row: Row, info: Callable[[str, Any], None], services: int, dests: in
 
 def config() -> Any:
     """The Config `sync` makes of FLAGS."""
-    from ipvsproxy.config import add_proxy_flags, from_args
+    from ipvsproxy.settings.config import add_proxy_flags, from_args
 
     parser = argparse.ArgumentParser()
     add_proxy_flags(parser)

@@ -5,10 +5,10 @@
   over cost per service at 10k), the collector off around it as the product runs it, and the
   collector's full pass over the result apart. Parsing the objects into the store's values is
   reported too; the daemon does it once per object as it arrives, not per sync.
-- Manifests (issue 22): the same 10,000-service dump read by `ipvsproxy.manifests` as YAML
-  (as `kubectl get services,endpointslices,nodes -A -o yaml` writes it) and as JSON: the YAML
-  in under 5x the JSON time (ipvsproxy/kubeyaml.py; PyYAML's pure-Python loader is shown beside it),
-  each with the collector off, as the command reads it.
+- Manifests (issue 22): the same 10,000-service dump read by `ipvsproxy.inputs.manifests` as YAML
+  (as `kubectl get services,endpointslices,nodes -A -o yaml` writes it) and as JSON: the YAML in
+  under 5x the JSON time (ipvsproxy/inputs/kubeyaml.py; PyYAML's pure-Python loader is shown beside
+  it), each with the collector off, as the command reads it.
 - Watch throughput: EndpointSlice MODIFIED events per second from a real WATCH (the test API
   server, tests/apiserver.py, in a process of its own, over loopback HTTP) through the official
   client, the reflector and into the store (target >= 20,000/s); and what the test API server
@@ -58,10 +58,10 @@ def desired_seconds(n: int, m: int, repeat: int) -> tuple[float, float, float, i
     every object of the result (~25% of the time at 50,000 services); the product pays that
     once, after the sync (the daemon's settle: a full collection, then a freeze), and `sync
     --once` never. That pass is timed apart, as a full collection, once per repeat."""
-    from ipvsproxy.config import Config
     from ipvsproxy.core.cluster import build_snapshot
     from ipvsproxy.core.desired import HostFacts, compute_desired
     from ipvsproxy.core.gcpause import paused
+    from ipvsproxy.settings.config import Config
 
     docs = generate(n, m)
     t0 = time.perf_counter()
@@ -205,8 +205,8 @@ def manifest_seconds(n: int, m: int, repeat: int) -> tuple[float, float, float, 
 
     import yaml
 
-    from ipvsproxy import manifests
     from ipvsproxy.core.gcpause import paused
+    from ipvsproxy.inputs import manifests
 
     dump = {"apiVersion": "v1", "kind": "List", "items": generate(n, m),
             "metadata": {"resourceVersion": ""}}

@@ -38,7 +38,7 @@ NODE_IF = "bench0"
 PHASES = (
     ("imports (every module, when first imported)", "<frozen importlib._bootstrap>",
      "_find_and_load"),
-    ("read and parse the manifest", "ipvsproxy/manifests.py", "load_objects"),
+    ("read and parse the manifest", "ipvsproxy/inputs/manifests.py", "load_objects"),
     ("desired state", "ipvsproxy/core/desired.py", "compute_desired"),
     ("read the kernel (observe)", "ipvsproxy/kernel/dataplane.py", "observe"),
     ("diff", "ipvsproxy/core/plan.py", "diff"),
@@ -150,8 +150,8 @@ def settle():
     gc.collect()
     ctypes.CDLL("libc.so.6").malloc_trim(0)
 from ipvsproxy.commands.sync import add_arguments
-from ipvsproxy.config import from_args
-from ipvsproxy.manifests import load_objects
+from ipvsproxy.settings.config import from_args
+from ipvsproxy.inputs.manifests import load_objects
 from ipvsproxy.syncer import sync
 import ipvsproxy.kernel.dataplane
 out = {}

@@ -13,13 +13,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from ipvsproxy.config import Config
 from ipvsproxy.core import tables as T
 from ipvsproxy.core.cluster import build_snapshot, first_objects
 from ipvsproxy.core.desired import Desired, HostFacts, compute_desired
 from ipvsproxy.core.model import Problem
 from ipvsproxy.core.plan import Plan, diff
 from ipvsproxy.core.takeover import Takeover
+from ipvsproxy.settings.config import Config
 
 
 @dataclass(frozen=True, slots=True)

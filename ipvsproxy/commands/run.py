@@ -14,7 +14,13 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from ipvsproxy.cli import CliError
-from ipvsproxy.config import Config, ConfigError, add_daemon_flags, add_proxy_flags, from_args
+from ipvsproxy.settings.config import (
+    Config,
+    ConfigError,
+    add_daemon_flags,
+    add_proxy_flags,
+    from_args,
+)
 
 DESCRIPTION = """Run the node proxy as a daemon (normally in a DaemonSet): list and watch Services,
 EndpointSlices and this Node, and keep the kernel's IPVS table, the KUBE-* ipsets, the iptables
@@ -70,7 +76,7 @@ def write_sysctls(cfg: Config) -> int:
 
 def _config(args: argparse.Namespace) -> Config:
     if args.config:
-        from ipvsproxy.kpconfig import defaults_from_file
+        from ipvsproxy.settings.kpconfig import defaults_from_file
 
         values, warnings = defaults_from_file(args.config)
         for w in warnings:

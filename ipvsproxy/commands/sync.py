@@ -9,7 +9,7 @@ import json
 import sys
 
 from ipvsproxy.cli import CliError
-from ipvsproxy.config import ConfigError, add_proxy_flags, from_args
+from ipvsproxy.settings.config import ConfigError, add_proxy_flags, from_args
 
 DESCRIPTION = """Compute the desired dataplane once, from a manifest file or an API server, and
 program the kernel: IPVS virtual and real servers, ipsets, iptables rules and kube-ipvs0 addresses.
@@ -34,7 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _objects(args: argparse.Namespace, node: str) -> list[object]:
     if args.from_file:
-        from ipvsproxy.manifests import ManifestError, load_objects
+        from ipvsproxy.inputs.manifests import ManifestError, load_objects
 
         try:
             return list(load_objects(args.from_file))

@@ -24,7 +24,6 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network
 
-from ipvsproxy.config import Config
 from ipvsproxy.core import tables as T
 from ipvsproxy.core.cluster import Snapshot
 from ipvsproxy.core.endpoints import Categorized, Ep, categorize, port_endpoints
@@ -54,6 +53,7 @@ from ipvsproxy.core.ipvs import (
 from ipvsproxy.core.model import Problem, Service, ServicePort
 from ipvsproxy.core.rules import RuleInputs, Rules, render_rules
 from ipvsproxy.core.screen import Screen, screen
+from ipvsproxy.settings.config import Config
 
 IPAddress = IPv4Address | IPv6Address
 IPNetwork = IPv4Network | IPv6Network

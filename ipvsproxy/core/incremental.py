@@ -27,13 +27,13 @@ from dataclasses import dataclass
 from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network
 from typing import Any
 
-from ipvsproxy.config import Config
 from ipvsproxy.core import tables as T
 from ipvsproxy.core.desired import Desired, ServiceIndex, family_rules
 from ipvsproxy.core.ipset_text import SetSpec, capacity
 from ipvsproxy.core.ipvs import DestKey, ObservedService, ServiceKey, VirtualServer
 from ipvsproxy.core.plan import Observed, Plan, chains_after, diff
 from ipvsproxy.core.rules import Rules
+from ipvsproxy.settings.config import Config
 
 IPAddress = IPv4Address | IPv6Address
 IPNetwork = IPv4Network | IPv6Network

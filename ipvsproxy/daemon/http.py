@@ -21,12 +21,12 @@ from typing import Any
 
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
-from ipvsproxy.config import parse_bind_address
 from ipvsproxy.daemon.fds import Budget
 from ipvsproxy.daemon.http_loop import LIMITS, Limits, Listener, Loop
 from ipvsproxy.daemon.http_wire import NOSNIFF_TEXT, Route, json_answer
 from ipvsproxy.daemon.http_wire import Request as Request  # what parse_request gives
 from ipvsproxy.daemon.http_wire import parse_request as parse_request
+from ipvsproxy.settings.config import parse_bind_address
 
 __all__ = ["LIMITS", "Limits", "Listener", "Request", "Served", "parse_request", "serve",
            "server", "start_healthz", "start_metrics"]

@@ -27,7 +27,6 @@ from typing import Any, Protocol
 
 import structlog
 
-from ipvsproxy.config import Config
 from ipvsproxy.core.desired import Desired, HostFacts, compute_desired
 from ipvsproxy.core.gcpause import paused
 from ipvsproxy.core.incremental import Applied
@@ -36,6 +35,7 @@ from ipvsproxy.core.ipvs import Protocol as IpProto
 from ipvsproxy.core.plan import Ipvs, Observed, Plan, diff, one_service, step_counts
 from ipvsproxy.core.takeover import Takeover
 from ipvsproxy.daemon.store import Changes, Store
+from ipvsproxy.settings.config import Config
 
 log = structlog.get_logger("ipvsproxy.sync")
 FAMILY_LABEL = {4: "IPv4", 6: "IPv6"}

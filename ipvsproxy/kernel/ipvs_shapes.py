@@ -14,9 +14,10 @@ shape or the generic decoder for each message is ipvs_decoder.py's.
 
 from __future__ import annotations
 
+import typing
 from _socket import ntohl, ntohs  # (not socket: see core/ipvs.py AF_INET)
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ipvsproxy.core.ipvs import (
     AF_INET6,
@@ -72,8 +73,18 @@ from ipvsproxy.kernel.netlink_shape import Shape, fixed, walk
 _NESTS = {(A_SERVICE,), (A_DEST,), (A_SERVICE, S_STATS), (A_SERVICE, S_STATS64),
           (A_DEST, D_STATS), (A_DEST, D_STATS64)}
 
-if TYPE_CHECKING:
-    from ipvsproxy.kernel.ipvs_decoder import DumpDecoder  # a type only: it imports this module
+
+
+class Interned(typing.Protocol):
+    """What a shape reads through from the decoder walking the buffers (ipvs_decoder's
+    DumpDecoder): the address objects shared by every real server with the same address and
+    the scheduler and persistence-engine names already decoded. A protocol, so that this
+    module does not import the decoder, which imports it."""
+
+    addrs: Addrs
+    names: dict[bytes, str]
+
+    def name(self, raw: bytes) -> str: ...
 
 
 _FWDS = FWD_BY_CODE
@@ -214,7 +225,7 @@ class DestShape:
         self.listing = _listing_rows(shape) if af != AF_INET6 else None
 
     def decode(self, buf: memoryview, off: int, end: int, seq: int, out: list[ObservedDest],
-               dec: DumpDecoder, with_stats: bool) -> int:
+               dec: Interned, with_stats: bool) -> int:
         """Decode the run of messages of this shape at off; the bytes consumed (0: none)."""
         shape = self.shape
         run = shape.run(buf, off, end)
@@ -229,7 +240,7 @@ class DestShape:
         self.rows(run, out, dec, with_stats)
         return m * size
 
-    def rows(self, run: memoryview, out: list[ObservedDest], dec: DumpDecoder,
+    def rows(self, run: memoryview, out: list[ObservedDest], dec: Interned,
              with_stats: bool) -> None:
         """Decode messages of this shape (checked: shape, sequence numbers) into out."""
         plain, counted = self._rows
@@ -278,7 +289,7 @@ class ServiceShape:
         self.pad = not shape.complete(_S + (stats or []))
 
     def decode(self, buf: memoryview, off: int, end: int, seq: int,
-               out: list[tuple[VirtualServer, Stats]], dec: DumpDecoder, with_stats: bool) -> int:
+               out: list[tuple[VirtualServer, Stats]], dec: Interned, with_stats: bool) -> int:
         shape = self.shape
         run = shape.run(buf, off, end)
         if run is None:

@@ -9,7 +9,7 @@ from ipaddress import ip_address, ip_network
 from pathlib import Path
 from typing import Any
 
-from ipvsproxy import kpconfig
+from ipvsproxy.settings import kpconfig
 from tests.differential import proxies, run, snapshot
 from tests.differential.cluster import LABEL_PROXY_NAME, Params
 

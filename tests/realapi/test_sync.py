@@ -24,7 +24,7 @@ import yaml
 
 from integration.upstream.client import ROOT
 from integration.upstream.controlplane import ControlPlane
-from ipvsproxy.kubectl_yaml import KubectlLoader
+from ipvsproxy.inputs.kubectl_yaml import KubectlLoader
 from tests.realapi.conftest import Applied
 from tests.unit.kube_objects import ep, node, port, service, slice_
 

@@ -11,10 +11,10 @@ from collections.abc import Mapping
 from ipaddress import ip_address
 from typing import Any
 
-from ipvsproxy.config import Config
 from ipvsproxy.core.cluster import build_snapshot
 from ipvsproxy.core.desired import Desired, HostFacts, compute_desired
 from ipvsproxy.core.tables import family_name
+from ipvsproxy.settings.config import Config
 
 NODE = "node-a"
 # A node with the usual clutter: loopback, a primary NIC (v4, v6 and v6 link-local), a CNI

@@ -233,7 +233,7 @@ def test_ipv6_zone_ids_are_refused_everywhere() -> None:
 
 def test_zone_ids_in_flags_are_refused() -> None:
     from ipvsproxy.cli import build_parser
-    from ipvsproxy.config import ConfigError, from_args
+    from ipvsproxy.settings.config import ConfigError, from_args
 
     args = build_parser().parse_args(["sync", "--once", "--external-ip-cidrs", "fe80::%1/64"])
     with pytest.raises(ConfigError, match="--external-ip-cidrs"):

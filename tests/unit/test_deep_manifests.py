@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from ipvsproxy import kubeyaml, manifests
-from ipvsproxy.kubectl_yaml import MAX_DEPTH, too_deep
+from ipvsproxy.inputs import kubeyaml, manifests
+from ipvsproxy.inputs.kubectl_yaml import MAX_DEPTH, too_deep
 
 ROOT = Path(__file__).resolve().parents[2]
 

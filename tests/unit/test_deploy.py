@@ -351,7 +351,7 @@ def test_the_daemonset_runs_flags_ipvsproxy_run_accepts_with_its_config(
 
 
 def test_the_config_file_is_read_without_a_warning() -> None:
-    from ipvsproxy.kpconfig import defaults_from_file
+    from ipvsproxy.settings.kpconfig import defaults_from_file
 
     values, warnings = defaults_from_file(str(DEPLOY / "config.conf"))
     assert warnings == []
@@ -361,7 +361,7 @@ def test_the_config_file_is_read_without_a_warning() -> None:
 
 
 def test_the_daemonset_settings_a_node_proxy_needs(rendered: list[Doc]) -> None:
-    from ipvsproxy.kpconfig import defaults_from_file
+    from ipvsproxy.settings.kpconfig import defaults_from_file
 
     ds = one(rendered, "DaemonSet", "ipvsproxy")
     pod = ds["spec"]["template"]["spec"]

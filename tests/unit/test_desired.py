@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from ipvsproxy.config import Config, ConfigError, add_proxy_flags, from_args
 from ipvsproxy.core import tables as T
 from ipvsproxy.core.desired import HostFacts
 from ipvsproxy.core.ipvs import SVC_F_PERSISTENT, SVC_F_SCHED1, SVC_F_SCHED2
+from ipvsproxy.settings.config import Config, ConfigError, add_proxy_flags, from_args
 from tests.unit.kube_objects import (
     CFG,
     CFG46,

@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
-from ipvsproxy.config import Config
 from ipvsproxy.core import tables as T
 from ipvsproxy.core.cluster import build_snapshot
 from ipvsproxy.core.endpoints import Ep, port_endpoints
 from ipvsproxy.core.ipvs import DestKey, Fwd, RealServer
+from ipvsproxy.settings.config import Config
 from tests.unit.kube_objects import (
     CFG46,
     NODE,

@@ -14,13 +14,13 @@ from typing import Any
 
 import pytest
 
-from ipvsproxy.config import Config
 from ipvsproxy.core import tables as T
 from ipvsproxy.core.desired import HostFacts
 from ipvsproxy.core.endpoints import categorize, port_endpoints
 from ipvsproxy.core.ipvs import SVC_F_PERSISTENT
 from ipvsproxy.core.model import parse_service
 from ipvsproxy.core.slices import parse_endpoint_slice
+from ipvsproxy.settings.config import Config
 from tests.unit.kube_objects import (
     addrs,
     chain,

@@ -17,9 +17,9 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ipvsproxy.config import Config
 from ipvsproxy.core.cluster import build_snapshot
 from ipvsproxy.core.desired import Desired, compute_desired
+from ipvsproxy.settings.config import Config
 from tests.unit.kube_objects import CFG46, HOST, NODE, ep, node, port, service, slice_
 
 GARBAGE = st.one_of(st.none(), st.booleans(), st.integers(-2**40, 2**40),

@@ -1,6 +1,6 @@
-"""`run --config`: a KubeProxyConfiguration file read into flag values (ipvsproxy/kpconfig.py),
-on its own and through run._config, where the command line wins over the file and the file over
-the flags' defaults."""
+"""`run --config`: a KubeProxyConfiguration file read into flag values
+(ipvsproxy/settings/kpconfig.py), on its own and through run._config, where the command line wins
+over the file and the file over the flags' defaults."""
 
 from __future__ import annotations
 
@@ -16,9 +16,9 @@ import pytest
 import yaml
 
 from ipvsproxy.commands import run
-from ipvsproxy.config import Config, ConfigError, add_daemon_flags, add_proxy_flags
-from ipvsproxy.kpconfig import defaults_from_file, go_duration
-from ipvsproxy.kpschema import (
+from ipvsproxy.settings.config import Config, ConfigError, add_daemon_flags, add_proxy_flags
+from ipvsproxy.settings.kpconfig import defaults_from_file, go_duration
+from ipvsproxy.settings.kpschema import (
     IGNORED,
     MAPPED,
     SCHEMA,

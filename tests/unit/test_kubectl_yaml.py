@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 
 from integration.upstream import build
-from ipvsproxy import kubeyaml, manifests
+from ipvsproxy.inputs import kubeyaml, manifests
 from tests.unit.test_kubeyaml import NASTY
 
 SEED = 35

@@ -1,7 +1,7 @@
 """The fast reader for kubectl's YAML (issue 22): whatever it accepts it reads exactly as
 KubectlLoader does (libyaml's loader, `yaml.CSafeLoader`, with kubectl's reading of a few plain
-scalars: ipvsproxy/kubectl_yaml.py, issue 35), same types and same strings, and whatever it does
-not fully recognise it hands back (None), including every text the loader rejects.
+scalars: ipvsproxy/inputs/kubectl_yaml.py, issue 35), same types and same strings, and whatever it
+does not fully recognise it hands back (None), including every text the loader rejects.
 
 Texts come from PyYAML's dumper in kubectl's layout (`default_flow_style=False`), from an
 emulation of go-yaml v2 (what sigs.k8s.io/yaml, so kubectl, writes: keys sorted, a sequence at
@@ -26,9 +26,9 @@ from yaml.emitter import Emitter
 from yaml.nodes import ScalarNode
 from yaml.resolver import Resolver
 
-from ipvsproxy import kubeyaml
-from ipvsproxy.kubectl_yaml import KubectlLoader, KubectlPyLoader
-from ipvsproxy.kubeyaml import load_all
+from ipvsproxy.inputs import kubeyaml
+from ipvsproxy.inputs.kubectl_yaml import KubectlLoader, KubectlPyLoader
+from ipvsproxy.inputs.kubeyaml import load_all
 
 # --- comparing -----------------------------------------------------------------------------
 

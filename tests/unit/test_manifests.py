@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 import yaml
 
-from ipvsproxy import manifests
-from ipvsproxy.kubectl_yaml import KubectlLoader, KubectlPyLoader
-from ipvsproxy.manifests import ManifestError, load_objects
+from ipvsproxy.inputs import manifests
+from ipvsproxy.inputs.kubectl_yaml import KubectlLoader, KubectlPyLoader
+from ipvsproxy.inputs.manifests import ManifestError, load_objects
 from tests.unit.kube_objects import ep, node, port, service, slice_
 
 

@@ -9,13 +9,13 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from ipvsproxy.config import Config
 from ipvsproxy.core.desired import Desired, HostFacts, compute_desired
 from ipvsproxy.core.ipvs import ObservedService, RealServer, ServiceKey
 from ipvsproxy.core.plan import Observed, Plan
 from ipvsproxy.daemon.reconciler import Reconciler
 from ipvsproxy.daemon.store import Store
 from ipvsproxy.kernel.dataplane import Failure
+from ipvsproxy.settings.config import Config
 from tests.unit.kube_objects import HOST, NODE, ep, node, service, slice_
 from tests.unit.test_incremental import as_observed
 

@@ -11,9 +11,9 @@ import pytest
 
 from ipvsproxy.cli import CliError
 from ipvsproxy.commands.run import _start_servers
-from ipvsproxy.config import Config
 from ipvsproxy.daemon.health import Health
 from ipvsproxy.daemon.metrics import Metrics
+from ipvsproxy.settings.config import Config
 
 
 def held_port() -> socket.socket:

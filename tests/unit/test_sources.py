@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from ipvsproxy.core.cluster import build_snapshot
+from ipvsproxy.inputs.manifests import ManifestError, load_objects
 from ipvsproxy.kube.listing import _pages
-from ipvsproxy.manifests import ManifestError, load_objects
 
 
 def test_yaml_documents_lists_and_directories(tmp_path: Path) -> None:

@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from ipvsproxy.config import Config
 from ipvsproxy.core.desired import Desired
 from ipvsproxy.core.model import Problem
+from ipvsproxy.settings.config import Config
 from tests.unit.kube_objects import (
     NODE,
     desired,
@@ -215,7 +215,7 @@ def test_the_command_line_on_the_issues_file(tmp_path: Path) -> None:
 
 def test_an_unquoted_yaml_timestamp_orders_as_the_api_servers_text(tmp_path: Path) -> None:
     from ipvsproxy.core.cluster import build_snapshot
-    from ipvsproxy.manifests import load_objects
+    from ipvsproxy.inputs.manifests import load_objects
 
     f = tmp_path / "s.yaml"
     f.write_text("kind: Service\nmetadata: {namespace: a, name: s, "

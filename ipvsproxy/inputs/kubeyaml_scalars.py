@@ -5,7 +5,7 @@ open a block scalar, each distinct text worked out once (_Scalars); and the quot
 several lines use too. Lines, indentation and collections are kubeyaml.py's.
 
 What a plain scalar means (str, int, bool, null, float) is decided by PyYAML's resolver
-table and KubectlLoader's constructors (ipvsproxy/kubectl_yaml.py: CSafeLoader's, except
+table and KubectlLoader's constructors (ipvsproxy/inputs/kubectl_yaml.py: CSafeLoader's, except
 where kubectl reads a string), so `0x1F`, `1_000`, `yes`, `0755`, `.inf`, `=` or
 `2026-01-01` come out exactly as KubectlLoader makes them. A program that registers other
 constructors or path resolvers on KubectlLoader gets every text sent back. Where PyYAML lacks
@@ -26,7 +26,7 @@ from typing import Any
 from yaml.constructor import SafeConstructor
 from yaml.nodes import ScalarNode
 
-from ipvsproxy.kubectl_yaml import SCALAR_CONSTRUCTORS, KubectlLoader
+from ipvsproxy.inputs.kubectl_yaml import SCALAR_CONSTRUCTORS, KubectlLoader
 
 _STR = "tag:yaml.org,2002:str"
 # The types a plain scalar may resolve to, and the constructor KubectlLoader uses for each

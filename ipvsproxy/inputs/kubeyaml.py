@@ -13,7 +13,7 @@ its lines), that subset takes ~0.45 s at 10,000 services, ~3.4x the JSON time, e
 
 This module and kubeyaml_scalars.py own that reader and nothing else. `load_all(text)` returns
 exactly what `list(yaml.load_all(text, Loader=KubectlLoader))` returns -- libyaml's loader
-with kubectl's reading of a few plain scalars (ipvsproxy/kubectl_yaml.py); same types, same
+with kubectl's reading of a few plain scalars (ipvsproxy/inputs/kubectl_yaml.py); same types, same
 strings -- or None when the text holds anything outside the subset; the caller then reads
 the whole text with KubectlLoader. It never guesses: a line it does not fully recognise sends
 the whole text back. This module reads the structure: the screening of the whole text, each
@@ -36,8 +36,8 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
-from ipvsproxy.kubectl_yaml import MAX_DEPTH
-from ipvsproxy.kubeyaml_scalars import (
+from ipvsproxy.inputs.kubectl_yaml import MAX_DEPTH
+from ipvsproxy.inputs.kubeyaml_scalars import (
     _BLOCK_HEADERS,
     _DOUBLE_PART,
     _LATER,

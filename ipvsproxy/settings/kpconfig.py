@@ -57,8 +57,8 @@ from typing import Any
 
 import yaml
 
-from ipvsproxy.config import ConfigError, duration, parse_bind_address
-from ipvsproxy.kpschema import (
+from ipvsproxy.settings.config import ConfigError, duration, parse_bind_address
+from ipvsproxy.settings.kpschema import (
     API_VERSION,
     DETECT_LOCAL_MODES,
     HEALTHZ,

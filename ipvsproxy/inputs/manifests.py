@@ -4,11 +4,11 @@ standard input (`-`).
 
 JSON is recognised by its first character whatever the file is called (`kubectl -o json >
 dump.yaml` happens), and read with the json module, also as a stream of concatenated documents.
-YAML goes first to ipvsproxy.kubeyaml, which reads the regular subset kubectl writes at a few
+YAML goes first to ipvsproxy.inputs.kubeyaml, which reads the regular subset kubectl writes at a few
 times the JSON time and gives exactly what libyaml's loader would (issue 22: libyaml's loader
 takes 50-100x the JSON time); a file outside that subset (comments, anchors, flow style ...) is
 read with libyaml's loader (`yaml.CSafeLoader`, which PyYAML's wheels carry), each as kubectl
-means it (ipvsproxy/kubectl_yaml.py: `note: =`, an unquoted timestamp, are strings). PyYAML's
+means it (ipvsproxy/inputs/kubectl_yaml.py: `note: =`, an unquoted timestamp, are strings). PyYAML's
 pure-Python loader takes ~10x as long again (12.4 s against 1.5 s for 2,000 services x 10
 endpoints), so without libyaml a large file outside the subset gets a warning that says why it
 is slow.
@@ -56,7 +56,7 @@ def _json_documents(text: str) -> list[Any]:
 
 
 def _too_deep(name: str, what: str) -> ManifestError:
-    from ipvsproxy.kubectl_yaml import MAX_DEPTH
+    from ipvsproxy.inputs.kubectl_yaml import MAX_DEPTH
 
     depth = (f"more than {MAX_DEPTH:,} levels deep" if what == "YAML" else
              "deeper than the json module reads (about 1,000 levels)")
@@ -67,8 +67,8 @@ def _too_deep(name: str, what: str) -> ManifestError:
 def _yaml_documents(text: str, name: str) -> list[Any]:
     import yaml
 
-    from ipvsproxy import kubeyaml
-    from ipvsproxy.kubectl_yaml import KubectlLoader, KubectlPyLoader, too_deep
+    from ipvsproxy.inputs import kubeyaml
+    from ipvsproxy.inputs.kubectl_yaml import KubectlLoader, KubectlPyLoader, too_deep
 
     docs = kubeyaml.load_all(text)
     if docs is not None:
