@@ -19,8 +19,6 @@ import _socket  # the C module (see core/ipvs.py AF_INET)
 import contextlib
 import errno as errno_mod
 import os
-import queue
-import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import repeat
 from types import TracebackType
@@ -182,63 +180,20 @@ class IpvsClient:
     # ------------------------------------------------------------------------------ apply
 
     def apply(self, ops: Sequence[IpvsOp], batch: int = BATCH) -> list[IpvsError]:
-        """Apply ops in order, in batches of `batch` requests per send(). Returns the failures
-        (empty: all applied), batch by batch, each batch's in the order the kernel took them.
-
-        The kernel does a batch's work inside send(), which releases the GIL; encoding the next
-        batch is Python's. With more than two batches a second thread sends and reads the acks
-        while this one encodes, at most two batches ahead: a cold node's first sync (150,000
-        operations at 10,000 services) spends about as long in each. The kernel still gets the
-        messages in the same order, one batch after the other, on the one socket."""
-        keys: dict[ServiceKey, bytes] = {}
-        batches = (self._encode_batch(ops[i:i + batch], keys) for i in range(0, len(ops), batch))
-        if len(ops) <= 2 * batch:
-            return [fail for data, pending in batches for fail in self._send_batch(data, pending)]
-        return self._pipelined(batches)
-
-    def _encode_batch(self, chunk: Sequence[IpvsOp], keys: dict[ServiceKey, bytes]
-                      ) -> tuple[bytes, dict[int, IpvsOp]]:
-        pending: dict[int, IpvsOp] = {}
-        parts = []
-        for op in chunk:
-            seq = self._next_seq()
-            pending[seq] = op
-            parts.append(_encode(op, self.family, seq, keys))
-        return b"".join(parts), pending
-
-    def _send_batch(self, data: bytes, pending: dict[int, IpvsOp]) -> list[IpvsError]:
-        self.sock.send(data)
-        return [IpvsError(op, err) for op, err in nlsock.await_acks(self.sock, pending, _RECV)]
-
-    def _pipelined(self, batches: Iterator[tuple[bytes, dict[int, IpvsOp]]]
-                   ) -> list[IpvsError]:
-        """_send_batch for each of `batches` in a second thread while they are encoded here.
-        A batch that raises stops the sending: the later ones are dropped unsent, as the
-        sequential path never reaches them, and the error is raised here."""
-        todo: queue.Queue[tuple[bytes, dict[int, IpvsOp]] | None] = queue.Queue(maxsize=1)
+        """Apply ops in order, pipelined in batches. Returns the failures (empty: all applied)."""
         failures: list[IpvsError] = []
-        raised: list[BaseException] = []
-
-        def sender() -> None:
-            while (item := todo.get()) is not None:
-                if not raised:
-                    try:
-                        failures.extend(self._send_batch(*item))
-                    except BaseException as exc:  # raised again in the caller, below
-                        raised.append(exc)
-
-        thread = threading.Thread(target=sender, name="ipvs-apply", daemon=True)
-        thread.start()
-        try:
-            for item in batches:
-                if raised:
-                    break
-                todo.put(item)
-        finally:
-            todo.put(None)
-            thread.join()
-        if raised:
-            raise raised[0]
+        keys: dict[ServiceKey, bytes] = {}
+        for start in range(0, len(ops), batch):
+            chunk = ops[start:start + batch]
+            pending: dict[int, IpvsOp] = {}
+            parts = []
+            for op in chunk:
+                seq = self._next_seq()
+                pending[seq] = op
+                parts.append(_encode(op, self.family, seq, keys))
+            self.sock.send(b"".join(parts))
+            failures.extend(IpvsError(op, err)
+                            for op, err in nlsock.await_acks(self.sock, pending, _RECV))
         return failures
 
     # ---------------------------------------------------------------------------- observe
