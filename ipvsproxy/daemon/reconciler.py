@@ -8,6 +8,9 @@
 - Every --ipvs-sync-period, and after any failure, a full sync compares the whole desired state
   with the whole kernel and repairs drift (someone ran `ipvsadm -C`, flushed a chain...).
   Failures are retried with capped exponential backoff; no error ends the loop.
+- The periodic full sync is read and diffed on a thread of its own (daemon/background.py) while
+  incremental syncs go on; its plan is applied without what they touched (core/overlap.py). At
+  50,000 services a full sync outlasts its period, and changes used to wait behind it.
 - Graceful termination: removed TCP real servers with connections stay at weight 0 (diff) until
   they have none or --ipvs-graceful-termination-period has passed; UDP flows to removed real
   servers are cleared from conntrack after the sync (kube-proxy, §2.7 of the reference).
@@ -20,7 +23,7 @@ import ctypes
 import gc
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from socket import AF_INET, AF_INET6
 from typing import Any, Protocol
@@ -32,8 +35,10 @@ from ipvsproxy.core.gcpause import paused
 from ipvsproxy.core.incremental import Applied
 from ipvsproxy.core.ipvs import DestKey, ObservedService, RealServer, ServiceKey
 from ipvsproxy.core.ipvs import Protocol as IpProto
+from ipvsproxy.core.overlap import without
 from ipvsproxy.core.plan import Ipvs, Observed, Plan, diff, one_service, step_counts
 from ipvsproxy.core.takeover import Takeover
+from ipvsproxy.daemon.background import Reading
 from ipvsproxy.daemon.store import Changes, Store
 from ipvsproxy.settings.config import Config
 
@@ -139,6 +144,7 @@ class Reconciler:
         # what the names file was last written from (None: write at the next sync); without it
         # every sync would copy and filter the owners of all services (10k+) for nothing
         self._published: tuple[int, frozenset[ServiceKey]] | None = None
+        self.reading: Reading | None = None  # a periodic full sync being read beside changes
 
     # --------------------------------------------------------------------------- the loop
 
@@ -149,15 +155,31 @@ class Reconciler:
         last_end = float("-inf")
         retry_at: float | None = None
         while not stop.is_set():
+            reading = self.reading
+            if reading is not None and reading.done:
+                self.reading = None
+                done = self._finish_reading(reading)
+                if done is not None:  # else a blocking full sync ran meanwhile: nothing to do
+                    last_end = self.clock()
+                    retry_at = None if done else last_end + self._backoff()
+                    if done:
+                        next_full = last_end + self.cfg.sync_period
+                continue
             now = self.clock()
-            due = now >= next_full or (retry_at is not None and now >= retry_at)
+            due = reading is None and (
+                now >= next_full or (retry_at is not None and now >= retry_at))
             if not due and not self.store.pending_any():
                 wake = min(next_full, retry_at if retry_at is not None else next_full)
-                self.store.wait(min(max(wake - now, 0.01), 1.0))
+                self.store.wait(1.0 if reading else min(max(wake - now, 0.01), 1.0))
                 continue
             gap = last_end + self.cfg.min_sync_period - now
             if gap > 0:  # coalesce: changes arriving now join the coming sync
                 stop.wait(gap)
+                continue
+            if due and retry_at is None and self.applied is not None and not self.taking_over:
+                # the periodic full sync: read beside the changes that come meanwhile
+                self.reading = Reading(self.kernel, self.store.snapshot, self.cfg,
+                                       self._expired(), self.store.notify).start()
                 continue
             changes = self.store.take()
             full = due or changes.full or self.applied is None
@@ -167,10 +189,12 @@ class Reconciler:
                 retry_at = None
                 if full:
                     next_full = last_end + self.cfg.sync_period
-            else:
-                # capped exponential backoff, then a full sync (it repairs whatever is left)
-                delay = min(2.0 ** min(self.failures_in_a_row, 10), self.cfg.sync_period)
-                retry_at = last_end + delay
+            else:  # then a full sync: it repairs whatever is left
+                retry_at = last_end + self._backoff()
+
+    def _backoff(self) -> float:
+        """Capped exponential."""
+        return min(2.0 ** min(self.failures_in_a_row, 10), self.cfg.sync_period)
 
     def sync_once(self, changes: Changes, full: bool) -> bool:
         """One sync; never raises. False when it failed (the changes are put back)."""
@@ -208,6 +232,8 @@ class Reconciler:
         # Millions of objects and no cycles: the cyclic collector would only walk the growing
         # heap again and again (as for `sync --once`, see commands/sync.py).
         collecting = gc.isenabled()
+        if self.reading is not None:  # what it reads is older than this sync: dropped
+            self.reading.stop()
         try:
             with paused():
                 return self._full_sync(changes)
@@ -253,10 +279,67 @@ class Reconciler:
         failures = self.kernel.apply(plan)
         self._track_draining(plan, scope)
         self.foreign = {k for k in self.foreign if k not in scope} | set(plan.foreign)
+        if self.reading is not None:
+            before = [self.applied.index[s] for s in dirty if s in self.applied.index]
+            self.reading.touched.add(before, part.index.values(), scope, plan)
+            self.reading.parts.append((part, dirty, scope))
         self.applied.commit(part, dirty, self.cfg, scope)
         self._report(part.problems + plan.problems, partial=True)
         self._clear_udp(plan, part.dests)
         return SyncResult("incremental", step_counts(plan.steps), failures)
+
+    def _finish_reading(self, reading: Reading) -> bool | None:
+        """Apply a periodic full sync read beside incremental syncs (daemon/background.py):
+        its plan without what they touched, then the applied state it leaves, their parts
+        committed over it in order. None: it was stale (a blocking full sync ran meanwhile, or
+        is due after a failure), nothing done; else whether it went."""
+        if reading.stopped or self.applied is None:
+            return None
+        res = reading.result
+        if res is None:
+            exc = reading.error
+            self.failures_in_a_row += 1
+            log.error("sync failed", error=str(exc) or type(exc).__name__, exc_info=exc)
+            self._count_sync("full", False)
+            return False
+        touched = reading.touched
+        plan = without(res.plan, touched)
+        if plan is None or (touched and res.host != self.host):
+            log.info("full sync read beside changes it cannot be told apart from: blocking")
+            return self.sync_once(Changes(), True)
+        t0 = self.clock()
+        try:
+            with paused():
+                failures = self.kernel.apply(plan)
+                applied = Applied.from_full(res.des, plan.specs)
+                for part, dirty, scope in reading.parts:
+                    applied.commit(part, dirty, self.cfg, scope)
+        except Exception as exc:
+            self.failures_in_a_row += 1
+            self.applied = None
+            log.error("sync failed", error=str(exc) or type(exc).__name__, exc_info=True)
+            self._count_sync("full", False)
+            return False
+        self.host = res.host
+        self._track_draining(plan, None, keep=touched.keys)
+        self.foreign = {k for k in self.foreign if k in touched.keys} | set(plan.foreign)
+        self.applied = applied
+        self._published = None
+        self._report(res.des.problems + plan.problems)
+        result = SyncResult("full", step_counts(plan.steps), failures,
+                            reading.seconds + self.clock() - t0)
+        if self.metrics is not None and plan.steps and not touched:
+            self.metrics.drift_repaired.inc(sum(result.operations.values()))
+        self._clear_udp(plan, res.des.dests)
+        self.last = result
+        self.syncs += 1
+        ok = all(one_service(f.kind) for f in failures)
+        self.failures_in_a_row = 0 if ok else self.failures_in_a_row + 1
+        if not ok:
+            self.applied = None
+        self._after(Changes(), result, ok)
+        _settle()
+        return ok
 
     # ----------------------------------------------------------------------------- helpers
 
@@ -266,11 +349,14 @@ class Reconciler:
         limit = self.clock() - self.cfg.graceful_termination_period
         return frozenset(k for k, since in self.draining.items() if since <= limit)
 
-    def _track_draining(self, plan: Plan, scope: set[ServiceKey] | None) -> None:
+    def _track_draining(self, plan: Plan, scope: set[ServiceKey] | None,
+                        keep: Collection[ServiceKey] = ()) -> None:
+        """`scope`: the virtual servers the plan was made for (None: all), `keep`: but not
+        these (incremental syncs, since, decided about them)."""
         now = self.clock()
         still = set(plan.draining)
         for k in list(self.draining):
-            if (scope is None or k[0] in scope) and k not in still:
+            if (scope is None or k[0] in scope) and k[0] not in keep and k not in still:
                 del self.draining[k]
         for k in still:
             self.draining.setdefault(k, now)

@@ -7,17 +7,19 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import replace
 from typing import Any
 
 from ipvsproxy.core.desired import Desired, HostFacts, compute_desired
 from ipvsproxy.core.ipvs import ObservedService, RealServer, ServiceKey
-from ipvsproxy.core.plan import Observed, Plan
+from ipvsproxy.core.plan import Observed, Plan, chains_after, diff
 from ipvsproxy.daemon.reconciler import Reconciler
 from ipvsproxy.daemon.store import Store
 from ipvsproxy.kernel.dataplane import Failure
 from ipvsproxy.settings.config import Config
 from tests.unit.kube_objects import HOST, NODE, ep, node, service, slice_
 from tests.unit.test_incremental import as_observed
+from tests.unit.test_overlap import applied_to
 
 CFG = Config(hostname=NODE, min_sync_period=0.0, sync_period=3600.0)
 
@@ -309,3 +311,82 @@ def test_toggling_a_colliding_external_ip_is_incremental() -> None:
         assert k.calls[0] == "read 2"  # s9's and s3's ClusterIP virtual servers
         full = compute_desired(s.snapshot(), HOST, CFG)
         assert r.applied is not None and r.applied.owners == dict(full.owners)
+
+
+def unmodelled_as_asked(kernel: Observed, des: Desired) -> Observed:
+    """The model's IPVS, set members and addresses; the link, sets, sysctls and chains as
+    `des` asks (not modelled)."""
+    return replace(kernel, link=True, sysctls=dict(des.sysctls), chains=chains_after(des.rules),
+                   timeouts=des.timeouts, specs={s.name: s for s in des.specs},
+                   sets={s.name: kernel.sets.get(s.name, frozenset()) for s in des.specs})
+
+
+class KernelModel(Recorder):
+    """A kernel that holds what the plans did (tests/unit/test_overlap.py's model); `gate`,
+    when set, holds a full sync's read until it is opened."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.kernel = Observed()
+        self.gate: threading.Event | None = None
+        self.reading = threading.Event()
+
+    def observe(self, des: Desired, nft: bool = False) -> Observed:
+        self.calls.append("observe")
+        if self.gate is not None:
+            self.reading.set()
+            assert self.gate.wait(20)
+        return unmodelled_as_asked(self.kernel, des)
+
+    def read_services(self, keys: Iterable[ServiceKey]) -> dict[ServiceKey, ObservedService]:
+        ks = list(keys)
+        self.calls.append(f"read {len(ks)}")
+        return {k: self.kernel.services[k] for k in ks if k in self.kernel.services}
+
+    def apply(self, plan: Plan) -> list[Any]:
+        self.calls.append(f"apply {len(plan.lines())}")
+        self.plans.append(plan)
+        self.kernel = applied_to(self.kernel, plan)
+        return []
+
+
+def test_changes_are_applied_while_a_periodic_full_sync_is_read() -> None:
+    """At 50,000 services a full sync outlasted its 30 s period and every change waited behind
+    it (p50 39 s). Now the periodic one is read on a thread of its own: a change arriving
+    meanwhile is applied at once, and the full sync's plan, made from a desired state older
+    than the change and a kernel read after it, does not undo it."""
+    s, k = cluster(5), KernelModel()
+    r = Reconciler(Config(hostname=NODE, min_sync_period=0.0, sync_period=0.2), s, kernel=k)
+    stop = threading.Event()
+    t = threading.Thread(target=r.run, args=(stop,), daemon=True)
+
+    def until(cond: Callable[[], bool]) -> None:
+        deadline = time.monotonic() + 20
+        while not cond() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert cond()
+
+    t.start()
+    try:
+        until(lambda: r.syncs >= 1)  # the first full sync, blocking
+        k.gate = gate = threading.Event()
+        until(k.reading.is_set)  # a periodic one is being read, and holds
+        s.event("EndpointSlice", "MODIFIED",
+                slice_("s3", ep("10.244.1.3", "node-b"), ep("10.244.9.9", "node-b")))
+        until(lambda: r.last is not None and r.last.mode == "incremental")
+        assert not gate.is_set() and r.reading is not None  # the read still holds
+        assert any(str(d.dest.key) == "10.244.9.9:80" for svc in k.kernel.services.values()
+                   for d in svc.dests)
+        syncs = r.syncs
+        k.gate = None
+        gate.set()
+        until(lambda: r.syncs > syncs and r.last is not None and r.last.mode == "full")
+    finally:
+        stop.set()
+        s.notify()
+        t.join(10)
+    # the full plan left the change alone, and the kernel is what the store says
+    assert not any("10.244.9.9" in line for line in k.plans[-1].lines())
+    des = compute_desired(s.snapshot(), HOST, r.cfg)
+    left = diff(des, unmodelled_as_asked(k.kernel, des)).steps
+    assert not left, left
