@@ -63,7 +63,7 @@ def observe(des: Desired, nft: bool = False) -> Observed:
     # the diff reads no counters: skip decoding them
     with IpvsClient() as ipvs:
         services: dict[Any, Any] = {s.service.key: s for s in ipvs.dump(
-            stats=False, reuse=_addresses(des))}
+            stats=False, reuse=_addresses(des), share=des.dests)}
         timeouts = ipvs.timeouts() if des.timeouts is not None else None
     with DummyLink() as link:
         exists = link.index() is not None

@@ -19,7 +19,7 @@ import _socket  # the C module (see core/ipvs.py AF_INET)
 import contextlib
 import errno as errno_mod
 import os
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from itertools import repeat
 from types import TracebackType
 from typing import TypeVar
@@ -33,10 +33,12 @@ from ipvsproxy.core.ipvs import (
     ObservedDest,
     ObservedService,
     OpKind,
+    RealServer,
     ServiceKey,
     Stats,
     Timeouts,
     VirtualServer,
+    shared_dests,
 )
 from ipvsproxy.kernel import ipvs_codec as c
 from ipvsproxy.kernel import ipvs_dump, nlsock
@@ -229,11 +231,14 @@ class IpvsClient:
             raise OSError(err, f"IPVS command {c.CMD_GET_DEST}: {os.strerror(err)}")
         return tuple(out)
 
-    def dump(self, stats: bool = True, reuse: Iterable[IPAddress] = ()
+    def dump(self, stats: bool = True, reuse: Iterable[IPAddress] = (),
+             share: Mapping[ServiceKey, tuple[RealServer, ...]] | None = None
              ) -> list[ObservedService]:
         """Every virtual server with its real servers, in kernel order. With stats=False the
         counters and rates are not decoded (they read as zero): the sync path needs none.
-        `reuse`: address objects to use for those addresses (DumpDecoder.new_dump)."""
+        `reuse`: address objects to use for those addresses (DumpDecoder.new_dump); `share`:
+        real servers to hold instead of equal ones read, batch by batch (core/ipvs.py
+        shared_dests), so that the read does not keep a second copy of the desired state."""
         self._decoder.new_dump(reuse)
         # A dump allocates ~5 objects per real server, none of them in a cycle: the cyclic
         # garbage collector would scan all of them again and again (a third of the time).
@@ -241,6 +246,9 @@ class IpvsClient:
             out: list[ObservedService] = []
             for part, replies in self._batches(stats):
                 found = self._decode_batch(replies, part, stats, self._decoder.many_dests)
+                if share is not None:
+                    found = list(map(shared_dests, found, map(share.get, [
+                        vs.key for vs, _ in part])))
                 out += map(_new, repeat(ObservedService), zip(
                     [vs for vs, _ in part], found, [st for _, st in part], strict=True))
             return out

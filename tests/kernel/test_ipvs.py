@@ -279,6 +279,33 @@ def test_a_dump_read_by_a_child_process_is_the_dump_read_here(
                  for o in forked}, rules)
 
 
+def test_a_dump_shares_the_desired_real_servers_it_finds(clean_ipvs: None) -> None:
+    """dump(share=...), a full sync's read: where a virtual server's real servers are all equal
+    to the desired ones, the dump holds the desired objects (no second copy while the diff
+    runs); the kernel lists real servers in the reverse of the order they were added
+    (ip_vs_ctl.c puts a new one at the head); a service one of whose real servers differs
+    keeps what was read. Either way the dump equals one without sharing."""
+    rules = random_rules(random.Random(8), 60, 6)
+    want = {k: tuple(d.values()) for k, (_, d) in rules.items()}
+    odd = next(k for k, w in want.items() if len(w) >= 2)
+    want[odd] = (want[odd][0]._replace(weight=want[odd][0].weight + 1), *want[odd][1:])
+    with IpvsClient() as client:
+        assert client.apply(ops_for(rules)) == []
+        plain = client.dump(stats=False)
+        shared = client.dump(stats=False, share=want)
+    assert shared == plain
+    many = 0
+    for o in shared:
+        w, got = want[o.service.key], [d.dest for d in o.dests]
+        assert got == list(reversed(w)) or o.service.key == odd
+        if o.service.key == odd:
+            assert not any(g is r for g in got for r in w)
+        else:
+            assert all(g is r for g, r in zip(got, reversed(w), strict=True))
+            many += len(w) >= 2
+    assert many >= 10
+
+
 def test_partial_failure_reports_exactly_the_failed_ops(clean_ipvs: None) -> None:
     a = VirtualServer(ServiceKey.inet(Protocol.TCP, IPv4Address("10.96.0.1"), 443), "rr")
     b = VirtualServer(ServiceKey.inet(Protocol.UDP, IPv4Address("10.96.0.10"), 53), "wrr")
