@@ -34,6 +34,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--memory", default="4G", help="the lab guest's memory")
     ap.add_argument("--timeout", type=float, default=4 * 3600.0, help="the lab guest's limit")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
+    ap.add_argument("--ps-every", type=float, default=0.0,
+                    help="write the guest's threads, busiest first, to OUT/ps.txt this often "
+                         "(seconds; 0: never): what a run that stops moving is doing")
     args = ap.parse_args(ours)
     # SIGTERM (timeout(1), CI cancellation) unwinds like Ctrl-C, so lab.run kills the guest
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -68,7 +71,10 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory(prefix="ipvsproxy-peers-") as tmp:
             info = Path(tmp) / "controlplane.json"
             info.write_text(json.dumps(guest_info(cp, server)))
-            cmd = (f"IPVSPROXY_CONTROLPLANE={shlex.quote(str(info))} "
+            ps = (f"(while sleep {args.ps_every:g}; do ps -eLo pid,tid,stat,pcpu,etime,"
+                  f"wchan:24,args --sort=-pcpu | head -40 > {shlex.quote(str(out.resolve()))}"
+                  "/ps.txt; done) & " if args.ps_every > 0 else "")
+            cmd = (ps + f"IPVSPROXY_CONTROLPLANE={shlex.quote(str(info))} "
                    f"python -m bench.peers --commit {shlex.quote(commit)} "
                    f"--out {shlex.quote(str(out.resolve()))} "
                    + " ".join(shlex.quote(a) for a in theirs))
