@@ -145,10 +145,14 @@ class DummyLink:
             for start in range(0, len(addrs), BATCH):
                 chunk = addrs[start:start + BATCH]
                 pending = {start + k + 1: a for k, a in enumerate(chunk)}
-                sock.send(b"".join(encode_addr(idx, a, mtype, flags, seq)
-                                   for seq, a in pending.items()))
+                last = start + len(chunk)
+                # only the last asks for an ack; the others are answered if they fail (nlsock)
+                sock.send(b"".join(
+                    encode_addr(idx, a, mtype, flags if seq == last else flags & ~NLM_F_ACK, seq)
+                    for seq, a in pending.items()))
                 try:
-                    failed.extend(a for a, _err in nlsock.await_acks(sock, pending, 1 << 20))
+                    failed.extend(a for a, _err in nlsock.await_acks(sock, pending, last,
+                                                                     64 << 10))
                 except OSError as exc:
                     raise DummyLinkError(f"{self.name}: {exc}") from exc
         if failed and mtype == RTM_DELADDR:

@@ -5,9 +5,9 @@ AF_NETLINK socket with the codec in ipvs_codec.py, because pyroute2's per-call p
 ~280 us of Python per message and one round trip per operation.
 
 Batching: many requests are written in one send(); the kernel handles each in turn inside that
-send (netlink_rcv_skb walks every message of the buffer and acks each one, failures included), so
-one failed operation never loses the others. NETLINK_CAP_ACK keeps acks small and a large receive
-buffer holds a whole batch of them.
+send (netlink_rcv_skb walks every message of the buffer and answers each failure), so one failed
+operation never loses the others. Only a batch's last request asks for an ack (nlsock.py says
+why). NETLINK_CAP_ACK keeps answers small and a large receive buffer holds a batch of them.
 
 Real servers are dumped per virtual server, pipelined over many sockets, in this process or in
 a forked child while this process decodes (ipvs_dump.py); the replies are decoded in batches.
@@ -56,6 +56,7 @@ CTRL_CMD_GETFAMILY = 3
 CTRL_ATTR_FAMILY_ID = 1
 CTRL_ATTR_FAMILY_NAME = 2
 _RECV = 1 << 20
+_ACKS = 64 << 10  # a batch's answers come one small skb per recv()
 _DUMP_RECV = 64 << 10  # a dump reply buffer (skb) is at most 32 KiB
 
 
@@ -111,8 +112,8 @@ def resolve_family() -> int:
 
 
 def _encode(op: IpvsOp, family: int, seq: int,
-            keys: dict[ServiceKey, bytes] | None = None) -> bytes:
-    flags = c.NLM_F_REQUEST | c.NLM_F_ACK
+            keys: dict[ServiceKey, bytes] | None = None, ack: bool = True) -> bytes:
+    flags = c.NLM_F_REQUEST | c.NLM_F_ACK if ack else c.NLM_F_REQUEST
     kind = op.kind
     if kind in (OpKind.ADD_DEST, OpKind.EDIT_DEST, OpKind.DEL_DEST):
         assert op.service is not None and op.dest is not None
@@ -189,13 +190,16 @@ class IpvsClient:
             chunk = ops[start:start + batch]
             pending: dict[int, IpvsOp] = {}
             parts = []
-            for op in chunk:
+            last = len(chunk) - 1
+            seq = 0
+            for i, op in enumerate(chunk):
                 seq = self._next_seq()
                 pending[seq] = op
-                parts.append(_encode(op, self.family, seq, keys))
+                # only the last asks for an ack; the others are answered if they fail
+                parts.append(_encode(op, self.family, seq, keys, i == last))
             self.sock.send(b"".join(parts))
             failures.extend(IpvsError(op, err)
-                            for op, err in nlsock.await_acks(self.sock, pending, _RECV))
+                            for op, err in nlsock.await_acks(self.sock, pending, seq, _ACKS))
         return failures
 
     # ---------------------------------------------------------------------------- observe

@@ -1,11 +1,13 @@
 """The project's batching netlink sockets: room for a batch's acks, reading them, timeouts.
 
 A batch is many requests in one send(). The kernel handles every one of them inside that send
-(netlink_rcv_skb) and queues an ack for each on our socket before we read any; an ack that
-does not fit the receive buffer is dropped and the next recv() fails with ENOBUFS. What an ack
-costs the buffer is its skb's truesize, not its length, and that grew between kernels: at the
-default 208 KiB buffer, 256 rtnetlink acks fit on Debian's 6.1 and overflowed on 6.12 (found
-in the lab, adding kube-ipvs0 addresses). So every batching socket asks for 8 MiB.
+(netlink_rcv_skb) and queues its answers on our socket before we read any: an ack for the last
+request, which alone asks for one, and an error for each request that failed (await_acks).
+An answer that does not fit the receive buffer is dropped and the next recv() fails with
+ENOBUFS. What an answer costs the buffer is its skb's truesize, not its length, and that grew
+between kernels: at the default 208 KiB buffer, 256 rtnetlink acks fit on Debian's 6.1 and
+overflowed on 6.12 (found in the lab, adding kube-ipvs0 addresses, when every request asked
+for an ack; a batch of failures still fills as much). So every batching socket asks for 8 MiB.
 """
 
 from __future__ import annotations
@@ -48,24 +50,35 @@ def give_up_after(sock: _socket.socket, seconds: int) -> None:
     sock.setsockopt(_socket.SOL_SOCKET, _socket.SO_SNDTIMEO, timeval)
 
 
-def await_acks(sock: _socket.socket, pending: dict[int, _T], bufsize: int
+def await_acks(sock: _socket.socket, pending: dict[int, _T], last: int, bufsize: int
                ) -> list[tuple[_T, int]]:
-    """Read the answers of a sent batch until every request of `pending` (sequence number ->
-    request) has its ack or error, in any order; return the failed requests with their errno.
-    Empties `pending`. Lost answers (ENOBUFS) are an OSError that says so."""
+    """Read the answers of a sent batch (sequence number -> request in `pending`) in which only
+    the last request, `last`, asked for an ack (NLM_F_ACK); return the failed requests with
+    their errno. The kernel answers a request without that flag only when it fails
+    (netlink_rcv_skb: `if (nlh->nlmsg_flags & NLM_F_ACK || err) netlink_ack(...)`), handles the
+    batch in order and queues each answer as it goes, so the last request's answer comes after
+    every failure before it and ends the batch: a batch that succeeds is one answer, not one a
+    request. Answers are read into one buffer: a netlink recv returns one skb, and recv(n)
+    allocates n bytes for each; where glibc serves that with mmap (a process that has not yet
+    freed a block that large) 22,000 IPVS operations answered one by one took 7.1-10.6 s
+    against 2.3-2.5 s read into a buffer or with a warmed allocator, under the lab's emulation
+    (2026-11-29; the kernel's acks themselves cost little there). Lost answers (ENOBUFS) are an
+    OSError that says so."""
     failed: list[tuple[_T, int]] = []
-    while pending:
+    buf = bytearray(bufsize)
+    view = memoryview(buf)
+    while True:
         try:
-            buf = sock.recv(bufsize)
+            n = sock.recv_into(buf)
         except OSError as exc:
             if exc.errno == errno.ENOBUFS:
-                raise OSError(errno.ENOBUFS, f"{len(pending)} netlink answers lost: the receive "
-                                             "buffer overflowed (see nlsock.py)") from exc
+                raise OSError(errno.ENOBUFS, "netlink answers lost: the receive buffer "
+                                             "overflowed (see nlsock.py)") from exc
             raise
-        for mtype, _flags, seq, payload in c.iter_messages(buf):
+        for mtype, _flags, seq, payload in c.iter_messages(view[:n]):
             if mtype == c.NLMSG_ERROR and seq in pending:
-                request = pending.pop(seq)
                 err = c.error_code(payload)
                 if err:
-                    failed.append((request, err))
-    return failed
+                    failed.append((pending[seq], err))
+                if seq == last:
+                    return failed

@@ -28,6 +28,7 @@ from ipvsproxy.core.ipvs import (
     VirtualServer,
 )
 from ipvsproxy.kernel.ipvs import IpvsClient
+from ipvsproxy.kernel.ipvs_codec import iter_messages
 from tests.kernel.conftest import sh
 
 pytestmark = [pytest.mark.kernel, pytest.mark.lab_cost(100)]  # seconds, balances lab guests
@@ -335,6 +336,42 @@ def test_partial_failure_reports_exactly_the_failed_ops(clean_ipvs: None) -> Non
             b.key: (_norm(b), {rs2.key: rs2}),
         })
         assert_same(parse_save(sh("ipvsadm -Sn")), observed_rules(client))
+
+
+class _Counting:
+    """The client's socket, counting the answers it reads."""
+
+    def __init__(self, sock: object) -> None:
+        self.sock, self.answers = sock, 0
+
+    def recv_into(self, buf: bytearray) -> int:
+        n: int = self.sock.recv_into(buf)  # type: ignore[attr-defined]
+        self.answers += sum(1 for _ in iter_messages(memoryview(buf)[:n]))
+        return n
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.sock, name)
+
+
+def test_a_batch_is_answered_once_and_each_failure_on_its_own(clean_ipvs: None) -> None:
+    """Only a batch's last request asks for an ack (kernel/nlsock.py): operations that succeed,
+    in batches of 256, are one answer a batch; the same again, all failing, are one answer
+    each, and each failure names its operation."""
+    rules = random_rules(random.Random(6), 150, 6)
+    ops = ops_for(rules)
+    batches = -(-len(ops) // 256)
+    assert batches >= 2
+    with IpvsClient() as client:
+        counting = _Counting(client.sock)
+        client.sock = counting  # type: ignore[assignment]
+        assert client.apply(ops) == []
+        assert counting.answers == batches
+        again = client.apply(ops)
+        assert counting.answers == batches + len(ops)
+        assert [f.op for f in again] == ops
+        assert {f.errno for f in again} == {errno.EEXIST}
+    assert_same(with_thresholds(parse_save(sh("ipvsadm -Sn")), sh("ipvsadm -Ln --thresholds")),
+                rules)
 
 
 def test_edit_and_delete(clean_ipvs: None) -> None:

@@ -1,4 +1,4 @@
-"""nlsock: a batching netlink socket gets buffers for a batch's acks, and reads them all.
+"""nlsock: a batching netlink socket gets buffers for a batch's answers, and reads them.
 
 The buffer test runs on the host; SO_RCVBUFFORCE needs root, which make test has.
 """
@@ -32,26 +32,37 @@ def _answer(seq: int, err: int, mtype: int = 2) -> bytes:
 
 
 class _Answers:
+    """A socket whose recv_into() hands out the given answers one buffer at a time."""
+
     def __init__(self, *bufs: bytes | OSError) -> None:
         self.bufs = list(bufs)
 
-    def recv(self, _size: int) -> bytes:
+    def recv_into(self, buf: bytearray) -> int:
         b = self.bufs.pop(0)
         if isinstance(b, OSError):
             raise b
-        return b
+        buf[:len(b)] = b
+        return len(b)
 
 
-def test_await_acks_reads_until_every_request_is_answered() -> None:
+def test_await_acks_reads_until_the_last_request_is_answered() -> None:
     pending = {7: "a", 8: "b", 9: "c"}
     sock = _Answers(_answer(8, errno.EEXIST) + _answer(99, 0) + _answer(7, 0, mtype=16),
-                    _answer(9, 0) + _answer(7, 0))
-    got = nlsock.await_acks(sock, pending, 1 << 16)  # type: ignore[arg-type]
-    assert got == [("b", errno.EEXIST)]  # another request's answer and a non-error are skipped
-    assert pending == {} and sock.bufs == []
+                    _answer(7, errno.ENOENT), _answer(9, 0), _answer(10, 0))
+    got = nlsock.await_acks(sock, pending, 9, 1 << 16)  # type: ignore[arg-type]
+    # another request's answer and a message that is no answer are skipped; the last one's
+    # ack ends the batch and what comes after it is left for the next
+    assert got == [("b", errno.EEXIST), ("a", errno.ENOENT)]
+    assert sock.bufs == [_answer(10, 0)]
+
+
+def test_a_failing_last_request_ends_the_batch_too() -> None:
+    sock = _Answers(_answer(1, errno.EEXIST), _answer(2, errno.ENOENT))
+    got = nlsock.await_acks(sock, {1: "a", 2: "b"}, 2, 1 << 16)  # type: ignore[arg-type]
+    assert got == [("a", errno.EEXIST), ("b", errno.ENOENT)] and sock.bufs == []
 
 
 def test_lost_answers_say_so() -> None:
     sock = _Answers(_answer(1, 0), OSError(errno.ENOBUFS, "No buffer space available"))
-    with pytest.raises(OSError, match="1 netlink answers lost: the receive buffer overflowed"):
-        nlsock.await_acks(sock, {1: "a", 2: "b"}, 1 << 16)  # type: ignore[arg-type]
+    with pytest.raises(OSError, match="netlink answers lost: the receive buffer overflowed"):
+        nlsock.await_acks(sock, {1: "a", 2: "b"}, 2, 1 << 16)  # type: ignore[arg-type]
