@@ -111,6 +111,11 @@ def resolve_family() -> int:
                         return int(c._U16.unpack_from(fid)[0])
 
 
+_GENL_OF = {k: c._GENL.pack(int(k), c.GENL_VERSION, 0)
+            for k in (OpKind.ADD_DEST, OpKind.EDIT_DEST, OpKind.DEL_DEST)}
+_NEST = c._NLA
+
+
 def _encode(op: IpvsOp, family: int, seq: int,
             keys: dict[ServiceKey, bytes] | None = None, ack: bool = True) -> bytes:
     flags = c.NLM_F_REQUEST | c.NLM_F_ACK if ack else c.NLM_F_REQUEST
@@ -126,7 +131,10 @@ def _encode(op: IpvsOp, family: int, seq: int,
                 keys[op.service.key] = skey
         dest = (c.dest_key_attrs(op.dest.key) if kind == OpKind.DEL_DEST
                 else c.dest_attrs(op.dest))
-        body = skey + c.nested(c.A_DEST, dest)
+        # the message in one join: what c.message(family, kind, flags, seq, skey +
+        # c.nested(c.A_DEST, dest)) makes (both parts are whole attributes, 4-byte aligned)
+        return b"".join((c.HDR.pack(24 + len(skey) + len(dest), family, flags, seq, 0),
+                         _GENL_OF[kind], skey, _NEST.pack(4 + len(dest), c.A_DEST), dest))
     elif kind in (OpKind.ADD_SERVICE, OpKind.EDIT_SERVICE):
         assert op.service is not None
         body = c.nested(c.A_SERVICE, c.service_attrs(op.service))

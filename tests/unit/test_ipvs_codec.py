@@ -541,6 +541,34 @@ def test_fast_service_decoder_reads_the_captured_kernel_message() -> None:
         assert _fast_services(dec, KERNEL_SERVICE * 5 + _done()) == ([want] * 5, 0)
 
 
+@st.composite
+def dests_and_tunnels(draw: st.DrawFn) -> RealServer:
+    rs = draw(dests())
+    if draw(st.booleans()):
+        rs = rs._replace(fwd=Fwd.TUNNEL, tun_type=draw(st.integers(0, 2)), tun_port=draw(ports),
+                         tun_flags=draw(st.integers(0, 7)))
+    return rs
+
+
+@settings(max_examples=500, deadline=None)
+@given(dests_and_tunnels())
+def test_a_real_servers_attributes_in_one_pack_equal_them_one_by_one(rs: RealServer) -> None:
+    """dest_attrs' one-pack path (every forwarding method but tunnel) against the attribute by
+    attribute encoding it stands for (pyroute2's equality is the test above)."""
+    af = c.AF_INET6 if rs.key.addr.version == 6 else c.AF_INET
+    generic = (c._nla(c.D_AF, c._U16.pack(af)) + c._nla(c.D_ADDR, rs.key.addr.packed)
+               + c._nla(c.D_PORT, c._BE16.pack(rs.key.port))
+               + c._nla(c.D_FWD, c._U32.pack(int(rs.fwd) & c.CONN_F_FWD_MASK))
+               + c._nla(c.D_WEIGHT, c._U32.pack(rs.weight)))
+    if rs.fwd == Fwd.TUNNEL:
+        generic += (c._nla(c.D_TUN_TYPE, bytes([rs.tun_type]))
+                    + c._nla(c.D_TUN_PORT, c._BE16.pack(rs.tun_port))
+                    + c._nla(c.D_TUN_FLAGS, c._U16.pack(rs.tun_flags)))
+    generic += (c._nla(c.D_UTHRESH, c._U32.pack(rs.u_threshold))
+                + c._nla(c.D_LTHRESH, c._U32.pack(rs.l_threshold)))
+    assert c.dest_attrs(rs) == generic
+
+
 @settings(max_examples=300, deadline=None)
 @given(service_keys(), st.integers(1, 2**31 - 1))
 def test_dest_dump_request_equals_the_generic_encoding(key: ServiceKey, seq: int) -> None:
@@ -559,6 +587,10 @@ def test_key_cache_encodes_the_same_bytes(vs: VirtualServer, rss: list[RealServe
         for i, rs in enumerate(rss):
             op = IpvsOp(kind, service=vs, dest=rs)
             assert _encode(op, FAMILY, i + 1, cache) == encode_op(op, FAMILY, i + 1)
+            # a batch's requests but its last ask for no ack: the same bytes but that flag
+            want = bytearray(encode_op(op, FAMILY, i + 1))
+            want[6] &= ~c.NLM_F_ACK
+            assert _encode(op, FAMILY, i + 1, cache, ack=False) == bytes(want)
 
 
 @settings(max_examples=300, deadline=None)
