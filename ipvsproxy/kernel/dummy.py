@@ -151,8 +151,7 @@ class DummyLink:
                     encode_addr(idx, a, mtype, flags if seq == last else flags & ~NLM_F_ACK, seq)
                     for seq, a in pending.items()))
                 try:
-                    failed.extend(a for a, _err in nlsock.await_acks(sock, pending, last,
-                                                                     64 << 10))
+                    failed.extend(a for a, _err in nlsock.await_acks(sock, pending, last))
                 except OSError as exc:
                     raise DummyLinkError(f"{self.name}: {exc}") from exc
         if failed and mtype == RTM_DELADDR:

@@ -56,7 +56,6 @@ CTRL_CMD_GETFAMILY = 3
 CTRL_ATTR_FAMILY_ID = 1
 CTRL_ATTR_FAMILY_NAME = 2
 _RECV = 1 << 20
-_ACKS = 64 << 10  # a batch's answers come one small skb per recv()
 _DUMP_RECV = 64 << 10  # a dump reply buffer (skb) is at most 32 KiB
 
 
@@ -111,11 +110,6 @@ def resolve_family() -> int:
                         return int(c._U16.unpack_from(fid)[0])
 
 
-_GENL_OF = {k: c._GENL.pack(int(k), c.GENL_VERSION, 0)
-            for k in (OpKind.ADD_DEST, OpKind.EDIT_DEST, OpKind.DEL_DEST)}
-_NEST = c._NLA
-
-
 def _encode(op: IpvsOp, family: int, seq: int,
             keys: dict[ServiceKey, bytes] | None = None, ack: bool = True) -> bytes:
     flags = c.NLM_F_REQUEST | c.NLM_F_ACK if ack else c.NLM_F_REQUEST
@@ -131,10 +125,7 @@ def _encode(op: IpvsOp, family: int, seq: int,
                 keys[op.service.key] = skey
         dest = (c.dest_key_attrs(op.dest.key) if kind == OpKind.DEL_DEST
                 else c.dest_attrs(op.dest))
-        # the message in one join: what c.message(family, kind, flags, seq, skey +
-        # c.nested(c.A_DEST, dest)) makes (both parts are whole attributes, 4-byte aligned)
-        return b"".join((c.HDR.pack(24 + len(skey) + len(dest), family, flags, seq, 0),
-                         _GENL_OF[kind], skey, _NEST.pack(4 + len(dest), c.A_DEST), dest))
+        body = skey + c.nested(c.A_DEST, dest)
     elif kind in (OpKind.ADD_SERVICE, OpKind.EDIT_SERVICE):
         assert op.service is not None
         body = c.nested(c.A_SERVICE, c.service_attrs(op.service))
@@ -207,7 +198,7 @@ class IpvsClient:
                 parts.append(_encode(op, self.family, seq, keys, i == last))
             self.sock.send(b"".join(parts))
             failures.extend(IpvsError(op, err)
-                            for op, err in nlsock.await_acks(self.sock, pending, seq, _ACKS))
+                            for op, err in nlsock.await_acks(self.sock, pending, seq))
         return failures
 
     # ---------------------------------------------------------------------------- observe

@@ -26,6 +26,7 @@ NETLINK_CAP_ACK = 10  # an ack carries the request's header only, not the whole 
 SO_SNDBUFFORCE = 32
 SO_RCVBUFFORCE = 33
 BUFFER = 8 << 20
+ANSWER = 64 << 10  # what one recv() of an answer may take: an ack or error is one small skb
 
 
 def roomy(sock: _socket.socket) -> None:
@@ -50,8 +51,8 @@ def give_up_after(sock: _socket.socket, seconds: int) -> None:
     sock.setsockopt(_socket.SOL_SOCKET, _socket.SO_SNDTIMEO, timeval)
 
 
-def await_acks(sock: _socket.socket, pending: dict[int, _T], last: int, bufsize: int
-               ) -> list[tuple[_T, int]]:
+def await_acks(sock: _socket.socket, pending: dict[int, _T], last: int,
+               bufsize: int = ANSWER) -> list[tuple[_T, int]]:
     """Read the answers of a sent batch (sequence number -> request in `pending`) in which only
     the last request, `last`, asked for an ack (NLM_F_ACK); return the failed requests with
     their errno. The kernel answers a request without that flag only when it fails
