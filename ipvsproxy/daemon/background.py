@@ -22,6 +22,7 @@ from ipvsproxy.core.gcpause import paused
 from ipvsproxy.core.ipvs import DestKey, ServiceKey
 from ipvsproxy.core.overlap import Touched
 from ipvsproxy.core.plan import Plan, diff
+from ipvsproxy.daemon.laps import Laps
 from ipvsproxy.settings.config import Config
 
 log = structlog.get_logger("ipvsproxy.sync")
@@ -51,6 +52,8 @@ class Reading:
     result: Result | None = None
     error: BaseException | None = None
     seconds: float = 0.0
+    # the seconds of its phases (wall time: incremental syncs run beside it, see daemon/laps.py)
+    phases: dict[str, float] = field(default_factory=dict)
     _stop: threading.Event = field(default_factory=threading.Event)
     _done: threading.Event = field(default_factory=threading.Event)
 
@@ -78,15 +81,21 @@ class Reading:
 
     def _run(self) -> None:
         t0 = time.monotonic()
+        laps = Laps()
         try:
             with paused():  # see _full in reconciler.py
                 host = self.kernel.host_facts()
+                laps.lap("host")
                 self._check()
                 des = compute_desired(self.snapshot(), host, self.cfg)
+                laps.lap("desired")
                 self._check()
                 obs = self.kernel.observe(des, False)
+                laps.lap("observe")
                 self._check()
                 plan = diff(des, obs, self.cfg.exclude_cidrs, self.expired)
+                laps.lap("diff")
+                self.phases = laps.seconds
                 self.result = Result(host, des, plan)
         except Stale:
             pass

@@ -109,6 +109,12 @@ class Metrics:
             "kubeproxy_sync_proxy_rules_duration_seconds",
             ALPHA + "SyncProxyRules latency in seconds", FAMILY, buckets=SYNC_BUCKETS,
             registry=r)
+        # ipvsproxy's own: where a full sync's time goes (daemon/laps.py), up to ~4 minutes
+        self.sync_phase = Histogram(
+            "ipvsproxy_sync_phase_seconds",
+            "Seconds of each phase of a full sync: host, desired, observe, diff, apply_ipvs, "
+            "apply_ipsets, apply_addresses, apply_other, index", ["phase"],
+            buckets=exponential_buckets(0.001, 2, 18), registry=r)
         self.last_sync = Gauge(
             "kubeproxy_sync_proxy_rules_last_timestamp_seconds",
             ALPHA + "The last time proxy rules were successfully synced", FAMILY, registry=r)

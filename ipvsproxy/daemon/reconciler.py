@@ -39,6 +39,7 @@ from ipvsproxy.core.overlap import without
 from ipvsproxy.core.plan import Ipvs, Observed, Plan, diff, one_service, step_counts
 from ipvsproxy.core.takeover import Takeover
 from ipvsproxy.daemon.background import Reading
+from ipvsproxy.daemon.laps import Laps, rounded
 from ipvsproxy.daemon.store import Changes, Store
 from ipvsproxy.settings.config import Config
 
@@ -52,7 +53,7 @@ class Kernel(Protocol):
     def host_facts(self) -> HostFacts: ...
     def observe(self, des: Desired, nft: bool = False) -> Observed: ...
     def read_services(self, keys: Iterable[ServiceKey]) -> dict[ServiceKey, ObservedService]: ...
-    def apply(self, plan: Plan) -> list[Any]: ...
+    def apply(self, plan: Plan, seconds: dict[str, float] | None = None) -> list[Any]: ...
     def clear_udp(self, dests: Mapping[ServiceKey, tuple[RealServer, ...]],
                   keys: Iterable[ServiceKey], families: Iterable[int]) -> int: ...
 
@@ -75,10 +76,10 @@ class NodeKernel:
 
         return dataplane.read_services(keys)
 
-    def apply(self, plan: Plan) -> list[Any]:
+    def apply(self, plan: Plan, seconds: dict[str, float] | None = None) -> list[Any]:
         from ipvsproxy.kernel import dataplane
 
-        return dataplane.apply(plan)
+        return dataplane.apply(plan, seconds)
 
     def clear_udp(self, dests: Mapping[ServiceKey, tuple[RealServer, ...]],
                   keys: Iterable[ServiceKey], families: Iterable[int]) -> int:
@@ -101,6 +102,7 @@ class SyncResult:
     operations: dict[str, int] = field(default_factory=dict)
     failures: list[Any] = field(default_factory=list)
     seconds: float = 0.0
+    phases: dict[str, float] = field(default_factory=dict)  # a full sync's (daemon/laps.py)
 
 
 def _settle() -> None:
@@ -242,23 +244,30 @@ class Reconciler:
                 _settle()
 
     def _full_sync(self, changes: Changes) -> SyncResult:
+        laps = Laps(self.clock)
         self.host = self.kernel.host_facts()
+        laps.lap("host")
         des = compute_desired(self.store.snapshot(), self.host, self.cfg)
+        laps.lap("desired")
         takeover = Takeover.of(self.host.addresses) if self.taking_over else None
         obs = self.kernel.observe(des, takeover is not None)
+        laps.lap("observe")
         plan = diff(des, obs, self.cfg.exclude_cidrs, self._expired(), takeover)
+        laps.lap("diff")
         if plan.adopted or plan.replaced_chains or obs.nft_tables:
             log.info("taking over from kube-proxy", virtual_servers=len(plan.adopted),
                      iptables_chains=plan.replaced_chains, nftables=sorted(obs.nft_tables))
-        failures = self.kernel.apply(plan)
+        failures = self.kernel.apply(plan, laps.seconds)
+        laps.restart()
         if not failures:
             self.taking_over = False
         self._track_draining(plan, None)
         self.foreign = set(plan.foreign)
         self.applied = Applied.from_full(des, plan.specs)
+        laps.lap("index")
         self._published = None
         self._report(des.problems + plan.problems)
-        result = SyncResult("full", step_counts(plan.steps), failures)
+        result = SyncResult("full", step_counts(plan.steps), failures, phases=laps.seconds)
         if not changes and self.metrics is not None and plan.steps:
             self.metrics.drift_repaired.inc(sum(result.operations.values()))
         self._clear_udp(plan, des.dests)
@@ -308,12 +317,16 @@ class Reconciler:
             log.info("full sync read beside changes it cannot be told apart from: blocking")
             return self.sync_once(Changes(), True)
         t0 = self.clock()
+        laps = Laps(self.clock)
+        laps.add(reading.phases)
         try:
             with paused():
-                failures = self.kernel.apply(plan)
+                failures = self.kernel.apply(plan, laps.seconds)
+                laps.restart()
                 applied = Applied.from_full(res.des, plan.specs)
                 for part, dirty, scope in reading.parts:
                     applied.commit(part, dirty, self.cfg, scope)
+                laps.lap("index")
         except Exception as exc:
             self.failures_in_a_row += 1
             self.applied = None
@@ -327,7 +340,7 @@ class Reconciler:
         self._published = None
         self._report(res.des.problems + plan.problems)
         result = SyncResult("full", step_counts(plan.steps), failures,
-                            reading.seconds + self.clock() - t0)
+                            reading.seconds + self.clock() - t0, laps.seconds)
         if self.metrics is not None and plan.steps and not touched:
             self.metrics.drift_repaired.inc(sum(result.operations.values()))
         self._clear_udp(plan, res.des.dests)
@@ -398,10 +411,11 @@ class Reconciler:
             failed[f.kind] = failed.get(f.kind, 0) + f.count
             log.error("operation failed", operation=f.what, error=f.error)
         applied = self.applied
+        more = {"phases": rounded(result.phases)} if result.phases else {}
         log.info("sync", mode=result.mode, services=len(changes.dirty) if result.mode ==
                  "incremental" else (len(applied.index) if applied else None),
                  operations=sum(result.operations.values()),
-                 failed=sum(failed.values()), seconds=round(result.seconds, 3))
+                 failed=sum(failed.values()), seconds=round(result.seconds, 3), **more)
         wall = self.wall()
         if ok and self.health is not None:
             for fam in self.cfg.families:
@@ -430,6 +444,8 @@ class Reconciler:
                 m.operations.labels(kind=kind, result="ok").inc(n - bad)
             if bad:
                 m.operations.labels(kind=kind, result="failed").inc(bad)
+        for phase, seconds in result.phases.items():
+            m.sync_phase.labels(phase=phase).observe(seconds)
         for fam in self.cfg.families:
             lbl = FAMILY_LABEL[fam]
             m.sync_duration.labels(ip_family=lbl).observe(result.seconds)

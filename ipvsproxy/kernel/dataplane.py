@@ -9,6 +9,7 @@ one `ipset restore`); a failure is recorded and the walk goes on. Nothing here d
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import chain
@@ -115,14 +116,23 @@ def _run(steps: Sequence[Step], i: int) -> list[Any]:
     return list(steps[i:j])
 
 
-def apply(plan: Plan) -> list[Failure]:
+# The kinds of kernel work an apply's seconds are added to (apply's `seconds`)
+APPLY_KINDS = {Ipvs: "apply_ipvs", SetMembers: "apply_ipsets", CreateSet: "apply_ipsets",
+               ResizeSet: "apply_ipsets", Address: "apply_addresses"}
+
+
+def apply(plan: Plan, seconds: dict[str, float] | None = None) -> list[Failure]:
+    """Apply the plan's steps in order; `seconds`, when given, gets the time spent on each kind
+    of kernel work added (APPLY_KINDS, "apply_other" for the rest: rules, link, sysctls)."""
     failures: list[Failure] = []
     steps = plan.steps
     i = 0
     ipvs: IpvsClient | None = None
+    clock = time.perf_counter
     try:
         while i < len(steps):
             step = steps[i]
+            t0 = clock()
             if isinstance(step, (Ipvs, SetMembers, CreateSet, Address)):
                 run = _run(steps, i)
                 i += len(run)
@@ -137,13 +147,16 @@ def apply(plan: Plan) -> list[Failure]:
                     failures += _create_sets(run)
                 else:
                     failures += _apply_addresses(run)
-                continue
-            try:
-                _apply_one(step, ipvs)
-            except Exception as exc:
-                failures.append(Failure(step.lines()[0], str(exc) or type(exc).__name__,
+            else:
+                try:
+                    _apply_one(step, ipvs)
+                except Exception as exc:
+                    failures.append(Failure(step.lines()[0], str(exc) or type(exc).__name__,
                                             step_kind(step)))
-            i += 1
+                i += 1
+            if seconds is not None:
+                kind = APPLY_KINDS.get(type(step), "apply_other")
+                seconds[kind] = seconds.get(kind, 0.0) + clock() - t0
     finally:
         if ipvs is not None:
             ipvs.close()

@@ -327,6 +327,16 @@ def test_drift_is_repaired_within_a_sync_period(daemon: Daemon) -> None:
           f"(sync period {SYNC_PERIOD} s)")
     wait_for("the drift metric", lambda: metrics().get("ipvsproxy_drift_repaired_total", 0)
              > m0.get("ipvsproxy_drift_repaired_total", 0))
+    # and where the repairing full sync's time went: its IPVS work is a phase of its own
+    m = metrics()
+
+    def count(phase: str, of: dict[str, float]) -> float:
+        return of.get(f'ipvsproxy_sync_phase_seconds_count{{phase="{phase}"}}', 0)
+
+    assert count("apply_ipvs", m) > count("apply_ipvs", m0)
+    assert m['ipvsproxy_sync_phase_seconds_sum{phase="apply_ipvs"}'] > 0
+    for phase in ("host", "desired", "observe", "diff", "index"):
+        assert count(phase, m) > count(phase, m0), phase
 
 
 def test_health_and_metrics_answer(daemon: Daemon) -> None:

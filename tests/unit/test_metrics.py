@@ -54,6 +54,7 @@ def test_every_metric_has_its_upstream_name_and_type() -> None:
         "ipvsproxy_real_servers": "gauge",
         "ipvsproxy_drift_repaired_total": "counter",
         "ipvsproxy_invalid_objects": "gauge",
+        "ipvsproxy_sync_phase_seconds": "histogram",
     }
 
 

@@ -10,6 +10,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from typing import Any
 
+from structlog.testing import capture_logs
+
 from ipvsproxy.core.desired import Desired, HostFacts, compute_desired
 from ipvsproxy.core.ipvs import ObservedService, RealServer, ServiceKey
 from ipvsproxy.core.plan import Observed, Plan, chains_after, diff
@@ -52,7 +54,7 @@ class Recorder:
         obs = as_observed(self.state)
         return {k: obs.services[k] for k in ks if k in obs.services}
 
-    def apply(self, plan: Plan) -> list[Any]:
+    def apply(self, plan: Plan, seconds: dict[str, float] | None = None) -> list[Any]:
         self.calls.append(f"apply {len(plan.lines())}")
         self.plans.append(plan)
         if self.fail_next:
@@ -343,7 +345,7 @@ class KernelModel(Recorder):
         self.calls.append(f"read {len(ks)}")
         return {k: self.kernel.services[k] for k in ks if k in self.kernel.services}
 
-    def apply(self, plan: Plan) -> list[Any]:
+    def apply(self, plan: Plan, seconds: dict[str, float] | None = None) -> list[Any]:
         self.calls.append(f"apply {len(plan.lines())}")
         self.plans.append(plan)
         self.kernel = applied_to(self.kernel, plan)
@@ -390,3 +392,52 @@ def test_changes_are_applied_while_a_periodic_full_sync_is_read() -> None:
     des = compute_desired(s.snapshot(), HOST, r.cfg)
     left = diff(des, unmodelled_as_asked(k.kernel, des)).steps
     assert not left, left
+
+
+class Timed(KernelModel):
+    """Its apply says it spent 0.5 s on IPVS work."""
+
+    def apply(self, plan: Plan, seconds: dict[str, float] | None = None) -> list[Any]:
+        if seconds is not None:
+            seconds["apply_ipvs"] = seconds.get("apply_ipvs", 0.0) + 0.5
+        return super().apply(plan, seconds)
+
+
+def test_a_full_sync_says_where_its_time_went() -> None:
+    s, k = cluster(3), Timed()
+    ticks = iter(range(1000))
+    r = Reconciler(CFG, s, kernel=k, clock=lambda: float(next(ticks)))
+    with capture_logs() as logs:
+        assert r.sync_once(s.take(), full=True)
+    assert r.last is not None
+    phases = r.last.phases
+    # a clock that ticks one second a call: one tick from each lap to the next
+    assert phases["host"] == phases["desired"] == phases["observe"] == 1.0
+    assert phases["apply_ipvs"] == 0.5 and phases["diff"] >= 1.0 and phases["index"] >= 1.0
+    assert list(phases) == ["host", "desired", "observe", "diff", "apply_ipvs", "index"]
+    line = next(e for e in logs if e["event"] == "sync")
+    assert line["mode"] == "full" and line["phases"] == phases
+    s.event("EndpointSlice", "MODIFIED", slice_("s2", ep("10.244.9.9", "node-b")))
+    with capture_logs() as logs:
+        assert r.sync_once(s.take(), full=False)
+    assert r.last.mode == "incremental" and r.last.phases == {}
+    assert "phases" not in next(e for e in logs if e["event"] == "sync")
+
+
+def test_a_periodic_full_sync_read_beside_changes_keeps_its_phases() -> None:
+    s, k = cluster(3), Timed()
+    r = Reconciler(Config(hostname=NODE, min_sync_period=0.0, sync_period=0.1), s, kernel=k)
+    stop = threading.Event()
+    t = threading.Thread(target=r.run, args=(stop,), daemon=True)
+    t.start()
+    try:
+        deadline = time.monotonic() + 20
+        while r.syncs < 2 and time.monotonic() < deadline:  # the first, then a periodic one
+            time.sleep(0.01)
+    finally:
+        stop.set()
+        s.notify()
+        t.join(10)
+    assert r.syncs >= 2 and r.last is not None and r.last.mode == "full"
+    assert set(r.last.phases) == {"host", "desired", "observe", "diff", "apply_ipvs", "index"}
+    assert r.last.phases["apply_ipvs"] == 0.5
