@@ -1,10 +1,12 @@
-"""The periodic full sync's reading half, on a thread of its own (core/overlap.py says why).
+"""A full sync's reading half (`read_full`), and the periodic one on a thread of its own
+(core/overlap.py says why).
 
-`Reading` computes the host facts, the whole desired state, the kernel read back and the diff;
-it only reads. The reconciler's loop goes on with incremental syncs meanwhile, records in
-`touched` and `parts` what they applied, and when `done` it applies the plan without what they
-touched (Reconciler._finish_reading). A blocking full sync started meanwhile makes the reading
-stale (`stop`: it ends at its next phase and its result is dropped).
+`read_full` computes the host facts, the whole desired state, the kernel read back and the diff,
+and laps each phase; it only reads. A blocking full sync (Reconciler._full_sync) calls it in the
+loop. `Reading` calls it on a thread of its own while the loop goes on with incremental syncs,
+records in `touched` and `parts` what they applied, and when `done` the loop applies the plan
+without what they touched (Reconciler._finish_reading). A blocking full sync started meanwhile
+makes the reading stale (`stop`: it ends at its next phase and its result is dropped).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from ipvsproxy.core.gcpause import paused
 from ipvsproxy.core.ipvs import DestKey, ServiceKey
 from ipvsproxy.core.overlap import Touched
 from ipvsproxy.core.plan import Plan, diff
+from ipvsproxy.core.takeover import Takeover
 from ipvsproxy.daemon.laps import Laps
 from ipvsproxy.settings.config import Config
 
@@ -37,6 +40,32 @@ class Result:
     host: HostFacts
     des: Desired
     plan: Plan
+    nft_tables: frozenset[str] = frozenset()  # kube-proxy's nftables tables found (a takeover)
+
+
+def _go_on() -> None:
+    pass
+
+
+def read_full(kernel: Any, snapshot: Callable[[], Any], cfg: Config,
+              expired: Callable[[], frozenset[tuple[ServiceKey, DestKey]]],
+              taking_over: bool, laps: Laps, check: Callable[[], None] = _go_on) -> Result:
+    """Host facts, desired state, the kernel read back and the diff, each phase lapped in
+    `laps`; `check` runs between phases (a Reading stops there when it went stale).
+    `taking_over`: kube-proxy's state is read and planned for adoption (core/takeover.py)."""
+    host = kernel.host_facts()
+    laps.lap("host")
+    check()
+    des = compute_desired(snapshot(), host, cfg)
+    laps.lap("desired")
+    check()
+    takeover = Takeover.of(host.addresses) if taking_over else None
+    obs = kernel.observe(des, takeover is not None)
+    laps.lap("observe")
+    check()
+    plan = diff(des, obs, cfg.exclude_cidrs, expired(), takeover)
+    laps.lap("diff")
+    return Result(host, des, plan, obs.nft_tables)
 
 
 @dataclass(slots=True)
@@ -84,19 +113,9 @@ class Reading:
         laps = Laps()
         try:
             with paused():  # see _full in reconciler.py
-                host = self.kernel.host_facts()
-                laps.lap("host")
-                self._check()
-                des = compute_desired(self.snapshot(), host, self.cfg)
-                laps.lap("desired")
-                self._check()
-                obs = self.kernel.observe(des, False)
-                laps.lap("observe")
-                self._check()
-                plan = diff(des, obs, self.cfg.exclude_cidrs, self.expired)
-                laps.lap("diff")
+                self.result = read_full(self.kernel, self.snapshot, self.cfg,
+                                        lambda: self.expired, False, laps, self._check)
                 self.phases = laps.seconds
-                self.result = Result(host, des, plan)
         except Stale:
             pass
         except Exception as exc:  # handed to the loop, which counts and retries it

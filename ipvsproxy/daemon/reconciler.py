@@ -36,9 +36,8 @@ from ipvsproxy.core.incremental import Applied
 from ipvsproxy.core.ipvs import DestKey, ObservedService, RealServer, ServiceKey
 from ipvsproxy.core.ipvs import Protocol as IpProto
 from ipvsproxy.core.overlap import without
-from ipvsproxy.core.plan import Ipvs, Observed, Plan, diff, one_service, step_counts
-from ipvsproxy.core.takeover import Takeover
-from ipvsproxy.daemon.background import Reading
+from ipvsproxy.core.plan import Ipvs, Observed, Plan, one_service, step_counts
+from ipvsproxy.daemon.background import Reading, read_full
 from ipvsproxy.daemon.laps import Laps, rounded
 from ipvsproxy.daemon.store import Changes, Store
 from ipvsproxy.settings.config import Config
@@ -245,18 +244,12 @@ class Reconciler:
 
     def _full_sync(self, changes: Changes) -> SyncResult:
         laps = Laps(self.clock)
-        self.host = self.kernel.host_facts()
-        laps.lap("host")
-        des = compute_desired(self.store.snapshot(), self.host, self.cfg)
-        laps.lap("desired")
-        takeover = Takeover.of(self.host.addresses) if self.taking_over else None
-        obs = self.kernel.observe(des, takeover is not None)
-        laps.lap("observe")
-        plan = diff(des, obs, self.cfg.exclude_cidrs, self._expired(), takeover)
-        laps.lap("diff")
-        if plan.adopted or plan.replaced_chains or obs.nft_tables:
+        read = read_full(self.kernel, self.store.snapshot, self.cfg, self._expired,
+                         self.taking_over, laps)
+        self.host, des, plan = read.host, read.des, read.plan
+        if plan.adopted or plan.replaced_chains or read.nft_tables:
             log.info("taking over from kube-proxy", virtual_servers=len(plan.adopted),
-                     iptables_chains=plan.replaced_chains, nftables=sorted(obs.nft_tables))
+                     iptables_chains=plan.replaced_chains, nftables=sorted(read.nft_tables))
         failures = self.kernel.apply(plan, laps.seconds)
         laps.restart()
         if not failures:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import chain
 from operator import itemgetter
@@ -129,24 +129,24 @@ def apply(plan: Plan, seconds: dict[str, float] | None = None) -> list[Failure]:
     i = 0
     ipvs: IpvsClient | None = None
     clock = time.perf_counter
+    t0 = 0.0
     try:
         while i < len(steps):
             step = steps[i]
-            t0 = clock()
-            if isinstance(step, (Ipvs, SetMembers, CreateSet, Address)):
+            if seconds is not None:
+                t0 = clock()
+            batch = _BATCHES.get(type(step))
+            if isinstance(step, Ipvs):
                 run = _run(steps, i)
                 i += len(run)
-                if isinstance(step, Ipvs):
-                    ipvs = ipvs or IpvsClient()
-                    for err in ipvs.apply([s.op for s in run]):
-                        failures.append(Failure(Ipvs(err.op).lines()[0], str(err),
-                                                step_kind(Ipvs(err.op))))
-                elif isinstance(step, SetMembers):
-                    failures += _apply_members(run)
-                elif isinstance(step, CreateSet):
-                    failures += _create_sets(run)
-                else:
-                    failures += _apply_addresses(run)
+                ipvs = ipvs or IpvsClient()
+                for err in ipvs.apply([s.op for s in run]):
+                    failures.append(Failure(Ipvs(err.op).lines()[0], str(err),
+                                            step_kind(Ipvs(err.op))))
+            elif batch is not None:
+                run = _run(steps, i)
+                i += len(run)
+                failures += batch(run)
             else:
                 try:
                     _apply_one(step, ipvs)
@@ -215,6 +215,12 @@ def _apply_addresses(steps: list[Address]) -> list[Failure]:
             except Exception as exc:
                 failures.append(Failure(s.lines()[0], str(exc), step_kind(s)))
         return failures
+
+
+# The steps applied a run at a time (consecutive steps of one type, _run) besides Ipvs, which
+# apply() sends over the client it keeps open for the steps after them
+_BATCHES: dict[type, Callable[[list[Any]], list[Failure]]] = {
+    SetMembers: _apply_members, CreateSet: _create_sets, Address: _apply_addresses}
 
 
 def _apply_one(step: Step, ipvs: IpvsClient | None) -> None:
