@@ -159,11 +159,16 @@ class ObservedDest(NamedTuple):
 
 
 class ObservedService(NamedTuple):
-    """A virtual server as the kernel reports it, with its real servers and counters."""
+    """A virtual server as the kernel reports it, with its real servers and counters.
+
+    as_desired: its real servers were read and are exactly the desired ones, as the kernel
+    lists them (a full sync's read of the steady state, DumpDecoder.many_settled); `dests` is
+    then empty, not read into objects: nothing about them is to change."""
 
     service: VirtualServer
     dests: tuple[ObservedDest, ...] = ()
     stats: Stats = Stats()
+    as_desired: bool = False
 
 
 _fields = tuple(map(itemgetter, range(len(ObservedDest._fields))))

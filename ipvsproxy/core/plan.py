@@ -370,6 +370,8 @@ def diff(des: Desired, obs: Observed, exclude: Sequence[IPNetwork] = (),
             continue
         if not _vs_equal(vs, cur.service):
             to.append(Ipvs(IpvsOp(OpKind.EDIT_SERVICE, vs)))
+        if cur.as_desired:  # read as exactly `want` (kernel/ipvs.py dump: the steady state)
+            continue
         if len(want) == len(cur.dests) and want == tuple([d.dest for d in cur.dests[::-1]]):
             # The steady state, without hashing an address: the kernel lists real servers
             # newest first (ip_vs_ctl.c __ip_vs_update_dest: list_add_rcu at the head), so a

@@ -240,21 +240,52 @@ class IpvsClient:
         """Every virtual server with its real servers, in kernel order. With stats=False the
         counters and rates are not decoded (they read as zero): the sync path needs none.
         `reuse`: address objects to use for those addresses (DumpDecoder.new_dump); `share`:
-        real servers to hold instead of equal ones read, batch by batch (core/ipvs.py
-        shared_dests), so that the read does not keep a second copy of the desired state."""
+        the desired real servers. A virtual server whose real servers are exactly its share, as
+        the kernel lists them, is read as_desired (DumpDecoder.many_settled: compared as words,
+        nothing built or kept); the others are decoded and hold the shared objects where they
+        are equal to them (core/ipvs.py shared_dests), so that the read does not keep a second
+        copy of the desired state."""
         self._decoder.new_dump(reuse)
         # A dump allocates ~5 objects per real server, none of them in a cycle: the cyclic
         # garbage collector would scan all of them again and again (a third of the time).
         with paused():
             out: list[ObservedService] = []
             for part, replies in self._batches(stats):
-                found = self._decode_batch(replies, part, stats, self._decoder.many_dests)
-                if share is not None:
-                    found = list(map(shared_dests, found, map(share.get, [
-                        vs.key for vs, _ in part])))
+                if share is None:
+                    found = self._decode_batch(replies, part, stats, self._decoder.many_dests)
+                    out += map(_new, repeat(ObservedService), zip(
+                        [vs for vs, _ in part], found, [st for _, st in part],
+                        repeat(False, len(part)), strict=True))
+                    continue
+                wants = list(map(share.get, [vs.key for vs, _ in part]))
+                settled = self._settled(replies, part, wants)
+                rest = [i for i, done in enumerate(settled) if not done]
+                found = list(map(shared_dests, self._decode_batch(
+                    [replies[i] for i in rest], [part[i] for i in rest], stats,
+                    self._decoder.many_dests), [wants[i] for i in rest]))
+                dests: list[tuple[ObservedDest, ...]] = [()] * len(part)
+                for i, got in zip(rest, found, strict=True):
+                    dests[i] = got
                 out += map(_new, repeat(ObservedService), zip(
-                    [vs for vs, _ in part], found, [st for _, st in part], strict=True))
+                    [vs for vs, _ in part], dests, [st for _, st in part], settled,
+                    strict=True))
             return out
+
+    def _settled(self, replies: list[ipvs_dump.Reply], part: list[tuple[VirtualServer, Stats]],
+                 wants: list[tuple[RealServer, ...] | None]) -> list[bool]:
+        """Which of `part` hold exactly their wants (DumpDecoder.many_settled), per address
+        family; none where the decoder cannot tell at once (it has not learned the layout yet,
+        IPv6, an odd message): those are decoded."""
+        settled = [False] * len(part)
+        by_af: dict[int, list[int]] = {}
+        for i, (vs, _) in enumerate(part):
+            by_af.setdefault(vs.key.af, []).append(i)
+        for af, idx in by_af.items():
+            got = self._decoder.many_settled([replies[i] for i in idx], af,
+                                             [wants[i] for i in idx])
+            for i, done in zip(idx, got or (), strict=False):
+                settled[i] = done
+        return settled
 
     def listing_rows(self, services: Sequence[VirtualServer] | None = None, fork: bool = True
                      ) -> Iterator[tuple[VirtualServer, list[tuple[int, ...]]

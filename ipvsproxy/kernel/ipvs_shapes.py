@@ -191,7 +191,7 @@ _LISTING_ROWS = """def rows(values, append):
 
 
 class DestShape:
-    __slots__ = ("_rows", "addr_word", "listing", "shape")
+    __slots__ = ("_rows", "addr_word", "listing", "settle", "shape")
 
     def __init__(self, msg: memoryview, svc_af: int) -> None:
         heads: list[tuple[int, tuple[int, ...]]] = []
@@ -223,6 +223,14 @@ class DestShape:
         addr_off = next(off for off, p in heads if p == (A_DEST, D_ADDR)) + 4
         self.addr_word = addr_off // 4 if af != AF_INET6 and addr_off % 4 == 0 else None
         self.listing = _listing_rows(shape) if af != AF_INET6 else None
+        # Where each value a RealServer holds is (address, port, forwarding method, weight, the
+        # thresholds, the three tunnel values), in 32-bit words from the message start, None
+        # where it is absent (it reads as 0): DumpDecoder.many_settled compares them with the
+        # desired real servers as columns of words. IPv4 only (None for IPv6).
+        self.settle: tuple[int | None, ...] | None = None
+        offs = [shape.offsets.get(p) for p in _D[:9]]
+        if af != AF_INET6 and all(o is None or o % 4 == 0 for o in offs):
+            self.settle = tuple(None if o is None else o >> 2 for o in offs)
 
     def decode(self, buf: memoryview, off: int, end: int, seq: int, out: list[ObservedDest],
                dec: Interned, with_stats: bool) -> int:

@@ -46,12 +46,13 @@ class Shape:
 
     `st` reads the sequence number (index 0) and the values of a message; `at[path]` is the
     index of an attribute's value (an attribute that is absent, or that the generic decoder reads
-    as absent, is not in `at`). The rest of a message must equal the learned one: its length,
-    type, every attribute header and the `checked` values. `run()` tests that for many messages
-    at once, as big integers: the bytes of a run, masked, equal the learned bytes repeated.
+    as absent, is not in `at`), `offsets[path]` the byte offset of that value in the message.
+    The rest of a message must equal the learned one: its length, type, every attribute header
+    and the `checked` values. `run()` tests that for many messages at once, as big integers: the
+    bytes of a run, masked, equal the learned bytes repeated.
     """
 
-    __slots__ = ("_mask", "_runs", "_words", "at", "count", "size", "st")
+    __slots__ = ("_mask", "_runs", "_words", "at", "count", "offsets", "size", "st")
 
     def __init__(self, msg: memoryview, nests: Collection[tuple[int, ...]],
                  readers: Callable[[tuple[int, ...]], Callable[[int], str | None] | None],
@@ -90,6 +91,7 @@ class Shape:
         self.st = struct.Struct("".join(parts))
         self.count = len(items)
         self.at = {key: i for i, (_, _, key) in enumerate(items) if key}
+        self.offsets = {key: off for off, _, key in items if key}
         learned = bytes(msg[:self.size]).ljust(self.size, b"\0")
         self._mask = (bytes(mask), bytes(a & b for a, b in zip(learned, mask, strict=True)))
         self._words = [(k // 4, learned[k:k + 4]) for k in range(0, self.size, 4)

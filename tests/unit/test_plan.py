@@ -459,3 +459,18 @@ def test_the_checker_rejects_bad_lines(bad: str) -> None:
     create = "ipset create KUBE-CLUSTER-IP hash:ip,port family inet hashsize 1024 maxelem 65536"
     with pytest.raises((AssertionError, KeyError, ValueError)):
         check([create, bad], chains=["KUBE-SERVICES"])
+
+
+def test_a_virtual_server_read_as_desired_is_left_alone_but_its_own_values() -> None:
+    """A full sync's read finds a virtual server's real servers exactly the desired ones and
+    keeps none of them (ObservedService.as_desired): only the virtual server's own values can
+    still differ."""
+    d = desired(*WEB)
+    k = key("TCP 10.96.0.10:80")
+    obs = observed(d)
+    settled = {**obs.services, k: obs.services[k]._replace(dests=(), as_desired=True)}
+    assert ops(diff(d, replace(obs, services=settled))) == []
+    lc = {**settled, k: settled[k]._replace(service=settled[k].service._replace(scheduler="lc"))}
+    assert ops(diff(d, replace(obs, services=lc))) == [("EDIT_SERVICE", str(k), "", -1)]
+    empty = {**obs.services, k: obs.services[k]._replace(dests=())}  # read, and none there
+    assert [o[0] for o in ops(diff(d, replace(obs, services=empty)))] == ["ADD_DEST"] * 2
