@@ -70,6 +70,7 @@ from bench.peers_cluster import (
 ROOT = Path(__file__).resolve().parents[1]
 NODE_IF = "bench0"
 SYNC_PERIOD = 30.0
+RSS_EVERY = 2.0  # the change series samples the proxy's resident memory this often (seconds)
 POLLS = 50.0  # the change series' kernel polls a second, at most, over all pending changes
 TICKS = os.sysconf("SC_CLK_TCK")
 MODULES = ("ip_vs ip_vs_rr ip_vs_wrr ip_vs_sh nf_conntrack dummy veth bridge xt_ipvs xt_set "
@@ -352,14 +353,19 @@ def idle(p: Proxy, seconds: float) -> dict[str, Any]:
 def changes(p: Proxy, probe: Any, series: list[Change], svc_objs: dict[int, Any], m: int,
             conn: Connection, rate: float, cap: float) -> dict[str, Any]:
     """The change series, open loop at `rate` a second; every change polled until the kernel
-    holds its new pod (each poll at 5% of its age, at least 10 ms apart)."""
+    holds its new pod (each poll at 5% of its age, at least 10 ms apart). The proxy's resident
+    memory is sampled every RSS_EVERY seconds meanwhile: one sample at the end falls inside or
+    between a large cluster's periodic full syncs by chance (at 50,000 services a full sync's
+    read runs most of the time and holds both sides), the mean over the series does not."""
     pending: dict[int, tuple[Change, float, float]] = {}  # n -> (change, acked, next poll)
     latency: dict[int, float] = {}
     lost: list[int] = []
     put_s: list[float] = []
+    rss: list[float] = []
     sent = polls = 0
     start = time.perf_counter()
     cpu0 = cpu(p.pid)
+    next_rss = start
     while sent < len(series) or pending:
         now = time.perf_counter()
         if sent < len(series) and now >= start + sent / rate:
@@ -374,6 +380,9 @@ def changes(p: Proxy, probe: Any, series: list[Change], svc_objs: dict[int, Any]
             pending[sent] = (c, acked, acked)
             sent += 1
             continue
+        if now >= next_rss:
+            rss.append(memory(p.pid)["VmRSS"])
+            next_rss = now + RSS_EVERY
         due = [n for n, (_, _, nxt) in pending.items() if nxt <= now]
         for n in due:
             c, acked, _ = pending[n]
@@ -403,7 +412,9 @@ def changes(p: Proxy, probe: Any, series: list[Change], svc_objs: dict[int, Any]
             "p99_s": percentile(measured, 0.99) if measured else None,
             "max_s": max(measured) if measured else None,
             "cpu_s": used, "cpu_per_1000_s": used / len(series) * 1000, "seconds": took,
-            "put_p50_s": percentile(put_s, 0.5), "polls": polls}
+            "put_p50_s": percentile(put_s, 0.5), "polls": polls,
+            "rss_mean_mb": sum(rss) / len(rss) if rss else None,
+            "rss_max_mb": max(rss) if rss else None, "rss_samples": len(rss)}
 
 
 def revert(series: list[Change], svc_objs: dict[int, Any], m: int, conn: Connection) -> None:
@@ -513,6 +524,8 @@ ROWS = (  # key, label, unit, target against kube-proxy IPVS (None: none)
     ("idle", f"idle: CPU seconds per {SYNC_PERIOD:.0f} s sync period", "s", None),
     ("rss_first", "resident memory after the first sync", "MB", 1.0),
     ("rss_after", "resident memory after the changes", "MB", 1.0),
+    ("rss_mean", f"  mean over the change series (every {RSS_EVERY:.0f} s)", "MB", None),
+    ("peak", "  peak (VmHWM) by the end of the changes", "MB", None),
     ("anon_after", "  of it the process's own (RssAnon: heap, stacks)", "MB", None),
     ("file_after", "  of it its binary's and libraries' pages (RssFile+Shmem)", "MB", None),
     ("dp_rate", "dataplane: new TCP connections per second (higher is better)", "/s", None),
@@ -526,7 +539,8 @@ def figures(r: dict[str, Any]) -> dict[str, float | None]:
     return {"cold": c.get("cold_s"), "cold_cpu": c.get("cpu_s"), "p50": ch.get("p50_s"),
             "p99": ch.get("p99_s"), "cpu_change": ch.get("cpu_per_1000_s"),
             "idle": r.get("idle", {}).get("per_period_s"), "rss_first": r.get("rss_first_mb"),
-            "rss_after": r.get("rss_after_mb"),
+            "rss_after": r.get("rss_after_mb"), "rss_mean": ch.get("rss_mean_mb"),
+            "peak": r.get("memory_after", {}).get("VmHWM"),
             "anon_after": r.get("memory_after", {}).get("RssAnon"),
             "file_after": _mapped(r.get("memory_after", {})),
             "dp_rate": d.get("connections_per_s"),

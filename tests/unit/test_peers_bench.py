@@ -134,11 +134,16 @@ def test_memory_splits_the_resident_set() -> None:
     assert mem["VmRSS"] > 0 and mem["Threads"] >= 1
     assert abs(mem["RssAnon"] + mem["RssFile"] + mem["RssShmem"] - mem["VmRSS"]) <= 1
     assert mem["VmHWM"] >= mem["VmRSS"]
-    r = {"memory_after": {"RssAnon": 30.0, "RssFile": 20.0}, "rss_after_mb": 50.0}
+    r = {"memory_after": {"RssAnon": 30.0, "RssFile": 20.0, "VmHWM": 90.0},
+         "rss_after_mb": 50.0, "changes": {"rss_mean_mb": 60.0}}
     got = {x["key"]: x for x in peers.rows(1000, {"ipvsproxy": r, "kube-proxy-ipvs": {
-        "memory_after": {"RssAnon": 20.0, "RssFile": 30.0, "RssShmem": 10.0}}}, 60.0)}
+        "memory_after": {"RssAnon": 20.0, "RssFile": 30.0, "RssShmem": 10.0, "VmHWM": 100.0},
+        "changes": {"rss_mean_mb": 80.0}}}, 60.0)}
     assert got["anon_after"]["ratios"] == {"kube-proxy-ipvs": 1.5}
     assert got["file_after"]["ratios"] == {"kube-proxy-ipvs": 0.5}
+    # the series' mean and the peak, beside the one sample at its end
+    assert got["rss_mean"]["ratios"] == {"kube-proxy-ipvs": 0.75}
+    assert got["peak"]["ratios"] == {"kube-proxy-ipvs": 0.9}
 
 
 def test_a_node_install_holds_what_pip_installs_for_ipvsproxy() -> None:
