@@ -24,6 +24,7 @@ from tests.differential.snapshot import Difference
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 UNEXPLAINED = "unexplained"
+DOCUMENTED = "documented: "
 Obj = dict[str, Any]
 
 
@@ -475,7 +476,7 @@ KNOWN: tuple[Known, ...] = ()
 def classify(d: Difference, c: Context) -> str:
     for dev in DEVIATIONS:
         if dev.matches(d, c):
-            return f"documented: {dev.name}"
+            return f"{DOCUMENTED}{dev.name}"
     for k in KNOWN:
         if k.matches(d, c):
             return f"{UNEXPLAINED} ({k.cls}): {k.name}"
@@ -487,7 +488,9 @@ def classify_all(diffs: Mapping[str, list[Difference]], c: Context,
     """Every difference with its class. An iptables rule kube-proxy has and ipvsproxy has not,
     because it only exists while its set has members (rules.py writes it for a non-empty set,
     as kube-proxy does), takes the class of that set's missing members when they all have one
-    class: it is a consequence, not a difference of its own."""
+    class, or when each has a documented one (their names joined; seed 805742 found a
+    KUBE-LOAD-BALANCER-LOCAL whose members were refused for two documented reasons): it is a
+    consequence, not a difference of its own."""
     out = [(d, classify(d, c)) for items in diffs.values() for d in items]
     by_set: dict[str, set[str]] = {}
     for d, cls in out:
@@ -496,10 +499,13 @@ def classify_all(diffs: Mapping[str, list[Difference]], c: Context,
     fixed = []
     for d, cls in out:
         m = re.search(r"--match-set (\S+) ", d.key)
-        if d.kind == "iptables rule" and d.candidate is None and m and cls.startswith(
-                f"{UNEXPLAINED}: ") and len(by_set.get(m.group(1), ())) == 1:
-            (cls,) = by_set[m.group(1)]
-            cls += " (its set's members)"
+        classes = sorted(by_set.get(m.group(1), ())) if m else []
+        if d.kind == "iptables rule" and d.candidate is None and cls.startswith(
+                f"{UNEXPLAINED}: ") and classes and (
+                    len(classes) == 1 or all(k.startswith(DOCUMENTED) for k in classes)):
+            if len(classes) > 1:
+                classes = [DOCUMENTED + " and ".join(k.removeprefix(DOCUMENTED) for k in classes)]
+            cls = f"{classes[0]} (its set's members)"
         fixed.append((d, cls))
     return fixed
 

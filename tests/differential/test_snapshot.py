@@ -434,6 +434,32 @@ def test_a_rule_missing_because_its_set_is_empty_takes_the_set_members_class() -
         "documented: ambiguous IPv4 spellings refused (leading zeros) (its set's members)"]
 
 
+def test_a_rule_missing_because_its_set_is_empty_takes_its_members_documented_classes() -> None:
+    """Seed 805742: KUBE-LOAD-BALANCER-LOCAL's members refused for two documented reasons; the
+    rule that needs the set non-empty is explained by both, and by nothing unexplained."""
+    rule = ('v4 nat KUBE-LOAD-BALANCER -A KUBE-LOAD-BALANCER -m comment --comment "x" -m set '
+            '--match-set KUBE-EXTERNAL-IP-LOCAL dst,dst -j RETURN')
+    leading = Difference("ipset member", "KUBE-EXTERNAL-IP-LOCAL 203.0.113.7,tcp:443",
+                         "member", None)
+    tenant = Difference("ipset member", "KUBE-EXTERNAL-IP-LOCAL 192.168.77.10,tcp:443",
+                        "member", None)
+    other = Difference("ipset member", "KUBE-EXTERNAL-IP-LOCAL 198.51.100.9,tcp:443",
+                       "member", None)
+    ctx = D.Context.from_objects(CTX_OBJECTS)
+    classes = sorted({D.classify(leading, ctx), D.classify(tenant, ctx)})
+    assert len(classes) == 2 and all(k.startswith(D.DOCUMENTED) for k in classes)
+    got = D.classify_all({"ipset member": [leading, tenant],
+                          "iptables rule": [Difference("iptables rule", rule, "rule", None)]},
+                         ctx)
+    assert got[-1][1] == (D.DOCUMENTED + " and ".join(
+        k.removeprefix(D.DOCUMENTED) for k in classes) + " (its set's members)")
+    assert D.classify(other, ctx).startswith(D.UNEXPLAINED)
+    got = D.classify_all({"ipset member": [leading, tenant, other],
+                          "iptables rule": [Difference("iptables rule", rule, "rule", None)]},
+                         ctx)
+    assert got[-1][1] == f"{D.UNEXPLAINED}: iptables rule"
+
+
 def test_listeners_are_the_health_check_node_ports_compared_only_between_daemons() -> None:
     s = S.normalize(raw())
     assert s.listeners == {"tcp/31747", "tcp/30319"}
