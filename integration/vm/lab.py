@@ -322,7 +322,10 @@ def _wait(proc: subprocess.Popen[str], w: Path, start: float, timeout: float,
         if time.monotonic() - start > timeout:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-            raise LabError(f"the lab guest exceeded its {timeout:.0f}s limit and was killed")
+            # What the guest had printed tells a hung test from a slow machine.
+            out = (w / "output").read_text(errors="replace") if (w / "output").exists() else ""
+            raise LabError(f"the lab guest exceeded its {timeout:.0f}s limit and was killed; "
+                           f"the end of its output:\n{out[-3000:]}")
         time.sleep(0.2)
 
 
