@@ -287,7 +287,7 @@ def run(
                 proc.wait()
         reader.join(timeout=5)
         total = time.monotonic() - start
-        output = (w / "output").read_text(errors="replace") if (w / "output").exists() else ""
+        output = _output(w)
         if not (w / "rc").exists():
             tail = "".join(vng_log)[-2000:]
             raise LabError(
@@ -304,6 +304,14 @@ def run(
         )
 
 
+def _output(w: Path) -> str:
+    """What the guest has printed so far ("" before it starts writing)."""
+    try:
+        return (w / "output").read_text(errors="replace")
+    except FileNotFoundError:
+        return ""
+
+
 def _wait(proc: subprocess.Popen[str], w: Path, start: float, timeout: float,
           stream: bool) -> float | None:
     boot: float | None = None
@@ -312,8 +320,7 @@ def _wait(proc: subprocess.Popen[str], w: Path, start: float, timeout: float,
         done = proc.poll() is not None
         if boot is None and (w / "started").exists():
             boot = time.monotonic() - start
-        if stream and (w / "output").exists():
-            text = (w / "output").read_text(errors="replace")
+        if stream and (text := _output(w)):
             sys.stdout.write(text[shown:])
             sys.stdout.flush()
             shown = len(text)
@@ -323,9 +330,8 @@ def _wait(proc: subprocess.Popen[str], w: Path, start: float, timeout: float,
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
             # What the guest had printed tells a hung test from a slow machine.
-            out = (w / "output").read_text(errors="replace") if (w / "output").exists() else ""
             raise LabError(f"the lab guest exceeded its {timeout:.0f}s limit and was killed; "
-                           f"the end of its output:\n{out[-3000:]}")
+                           f"the end of its output:\n{_output(w)[-3000:]}")
         time.sleep(0.2)
 
 

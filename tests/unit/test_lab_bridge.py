@@ -3,7 +3,8 @@
 The real boot is exercised by every kernel test in `make test`. Here `lab.run` is replaced by a
 stand-in that runs the guest-side pytest command on the host, to check the bridge's plumbing
 (report replay, skip -> failure, missing report -> failure) quickly. The boot-failure test uses
-the real `lab` module with a kernel that does not exist.
+the real `lab` module with a kernel that does not exist; the timeout test, its wait with a
+process that never ends.
 """
 
 from __future__ import annotations
@@ -184,3 +185,14 @@ def test_a_cloud_kernel_deb_is_refused_by_name(tmp_path: Path) -> None:
     with pytest.raises(lab.LabError, match="cloud kernel has no 9p"):
         lab._kernel_from_deb("https://example.org/linux-image-6.12-cloud-amd64_1_amd64.deb",
                              tmp_path)
+
+
+def test_a_guest_over_its_time_is_killed_and_its_last_output_shown(tmp_path: Path) -> None:
+    # stands in for virtme-ng: a process group that never ends, with what the guest printed
+    (tmp_path / "output").write_text("test_a passed\n" + "x" * 5000 + "\nstuck in test_b\n")
+    proc = subprocess.Popen(["sleep", "60"], start_new_session=True, text=True)
+    with pytest.raises(lab.LabError, match=r"exceeded its 0s limit") as err:
+        lab._wait(proc, tmp_path, 0.0, 0.2, stream=False)
+    assert proc.poll() is not None  # killed, not left running
+    assert str(err.value).endswith("stuck in test_b\n") and "test_a" not in str(err.value)
+    assert lab._output(tmp_path / "nothing yet") == ""
