@@ -1,9 +1,12 @@
 """pytest bridge to the kernel lab: tests marked `kernel` run inside lab guests, in one boot each.
 
-On the host, the first kernel test to run boots the lab guests (`--lab-guests`, default 1, side
-by side, each with a share of the test files) and runs every selected kernel test inside them
-(same checkout, same virtualenv, same node ids). Each guest serialises its test reports; the
-host replays them, so kernel tests count in the normal pytest summary.
+On the host, the lab guests (`--lab-guests`, default 1, side by side, each with a share of the
+test files) boot as the test run starts and run every selected kernel test inside them (same
+checkout, same virtualenv, same node ids) while the host's own tests run beside them: one
+guest keeps about one of the host's CPUs busy (an emulated vCPU is one host thread), so on a
+2-CPU machine the host's ~3.5 minutes of tests fit beside its ~25-30. The kernel tests come
+last in the order; the first of them waits for the guests. Each guest serialises its test
+reports; the host replays them, so kernel tests count in the normal pytest summary.
 
 Rules this enforces (DEVELOPERS.md: "a kernel test that is skipped in CI is a failed test"):
 - a kernel test skipped inside the guest is reported as failed on the host;
@@ -16,6 +19,8 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import signal
+import subprocess
 import sys
 import tempfile
 import threading
@@ -50,7 +55,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.stash[_STATE_KEY] = {"reports": None, "errors": {}, "outputs": {}, "meta": {}}
+    config.stash[_STATE_KEY] = {"reports": None, "errors": {}, "outputs": {}, "meta": {},
+                                "guests": []}
     config.addinivalue_line(
         "markers", "lab_cost(seconds): about how long this test file runs in the lab guest; "
         "only balances the guests")
@@ -118,7 +124,84 @@ def _shards(items: list[pytest.Item], n: int) -> list[list[str]]:
     return [[nid for f in sorted(g, key=order.index) for nid in files[f]] for g in groups]
 
 
-def _run_lab(config: pytest.Config) -> None:
+class _Lines:
+    """A terminal writer's `line` for a thread: kept, and written when the thread is joined
+    (the host's tests write their progress meanwhile)."""
+
+    def __init__(self) -> None:
+        self.lines: list[tuple[str, dict[str, bool]]] = []
+
+    def line(self, text: str = "", **markup: bool) -> None:
+        self.lines.append((text, markup))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtestloop(session: pytest.Session) -> Any:
+    """Start the lab before the first test, in a thread; end its guests if the run stops
+    before the kernel tests (-x, ^C), so no qemu outlives pytest."""
+    config = session.config
+    state = config.stash[_STATE_KEY]
+    if not IN_LAB and state.get("kernel_items") and not config.option.collectonly:
+        state["lines"] = _Lines()
+        state["thread"] = threading.Thread(target=_run_lab_caught,
+                                           args=(config, state["lines"]),
+                                           daemon=True, name="kernel-lab")
+        state["thread"].start()
+    try:
+        return (yield)
+    finally:
+        thread = state.get("thread")
+        if thread is not None and thread.is_alive():
+            with _GUESTS_LOCK:  # a guest that starts after this is ended as it starts
+                state["stopping"] = True
+                for proc in state["guests"]:
+                    _end(proc)
+            thread.join(timeout=30)
+
+
+_GUESTS_LOCK = threading.Lock()
+
+
+def _end(proc: subprocess.Popen[str]) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _guest_started(state: dict[str, Any], proc: subprocess.Popen[str]) -> None:
+    with _GUESTS_LOCK:
+        state["guests"].append(proc)
+        if state.get("stopping"):
+            _end(proc)
+
+
+def _run_lab_caught(config: pytest.Config, tw: _Lines) -> None:
+    """_run_lab in the thread: what it raises fails every kernel test, with the reason."""
+    try:
+        _run_lab(config, tw)
+    except BaseException as exc:  # reported on every kernel test instead
+        state = config.stash[_STATE_KEY]
+        state["reports"] = state["reports"] or {}
+        state["errors"] = dict.fromkeys(state["kernel_ids"], f"the kernel lab failed: {exc!r}")
+        tw.line(f"kernel lab: {exc!r}", red=True)
+
+
+def _await_lab(config: pytest.Config) -> None:
+    """The lab's reports, waited for (or, without the early start, run now)."""
+    state = config.stash[_STATE_KEY]
+    if state.get("done"):
+        return
+    tw = config.get_terminal_writer()
+    thread = state.get("thread")
+    if thread is None:
+        _run_lab(config, tw)
+    else:
+        thread.join()
+        for text, markup in state["lines"].lines:
+            tw.line(text, **markup)
+    state["done"] = True
+
+
+def _run_lab(config: pytest.Config, tw: Any) -> None:
     """Boot one lab guest per shard, all at once, and collect every test's report.
 
     Each guest has its own kernel, so shards cannot disturb each other's IPVS tables. Two
@@ -132,7 +215,6 @@ def _run_lab(config: pytest.Config) -> None:
 
     shards = _shards(state["kernel_items"], config.getoption("--lab-guests"))
     rootdir = Path(str(config.rootpath))
-    tw = config.get_terminal_writer()
     tw.line()
     control, cp_error = _control_plane(state["kernel_items"], tw)
     tw.line(f"kernel lab: booting {len(shards)} guest(s) to run "
@@ -160,7 +242,8 @@ def _run_lab(config: pytest.Config) -> None:
             cmd = f"IPVSPROXY_CONTROLPLANE={shlex.quote(str(info))} {cmd}"
         try:
             res = lab.run(cmd, timeout=config.getoption("--lab-timeout"), cwd=rootdir,
-                          extra_rwdirs=[tmp], network=control is not None)
+                          extra_rwdirs=[tmp], network=control is not None,
+                          on_start=lambda proc: _guest_started(state, proc))
         except lab.LabError as exc:
             results[i] = (None, f"kernel lab could not boot or finish: {exc}", None)
             return
@@ -245,8 +328,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
         return None
     config = item.config
     state = config.stash[_STATE_KEY]
-    if state["reports"] is None:
-        _run_lab(config)
+    _await_lab(config)
     item.ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
     for rep in _replayed(item, state):
         item.ihook.pytest_runtest_logreport(report=rep)

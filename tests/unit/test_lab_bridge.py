@@ -133,6 +133,66 @@ def test_files_are_shared_out_to_guests_whole(pytester: pytest.Pytester) -> None
     assert ", 2 test(s)," in out and ", 3 test(s)," in out
 
 
+# A guest that says when it started and runs until it is killed (or until GUEST_ENDS exists).
+SLOW_GUEST = CONFTEST + """
+import os, subprocess, time
+from pathlib import Path
+from integration.vm import lab
+
+def slow_run(command, *, cwd, extra_rwdirs, on_start, **kw):
+    proc = subprocess.Popen(["sleep", "600"], start_new_session=True, text=True)
+    on_start(proc)
+    Path(os.environ["MARKS"], "guest.pid").write_text(str(proc.pid))
+    while proc.poll() is None and not Path(os.environ["MARKS"], "GUEST_ENDS").exists():
+        time.sleep(0.05)
+    proc.kill()
+    env = dict(os.environ, IPVSPROXY_IN_LAB="1", HOST_KERNEL_RELEASE="host")
+    p = subprocess.run(["bash", "-c", command], cwd=cwd, env=env, capture_output=True, text=True)
+    return lab.LabResult(p.returncode, p.stdout + p.stderr, "guest-1.0", 0.1, 0.2)
+
+lab.run = slow_run
+"""
+
+HOST_WAITS_FOR_GUEST = """
+import os, time
+from pathlib import Path
+
+def test_host_runs_while_the_guest_does():
+    marks = Path(os.environ["MARKS"])
+    deadline = time.monotonic() + 30
+    while not (marks / "guest.pid").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert (marks / "guest.pid").exists(), "the guest had not started"
+    (marks / "GUEST_ENDS").touch()
+"""
+
+
+def test_the_guest_runs_beside_the_host_tests(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    _project(pytester, SLOW_GUEST)
+    pytester.makepyfile(test_host=HOST_WAITS_FOR_GUEST)
+    monkeypatch.setenv("MARKS", str(tmp_path))
+    res = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    # the host test saw the guest running before any kernel test's turn came
+    res.assert_outcomes(passed=3, failed=2)
+    out = res.stdout.str()
+    assert out.index("test_host.py .") < out.index("kernel lab: booting 1 guest(s)")
+
+
+def test_a_run_stopped_before_the_kernel_tests_leaves_no_guest(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    _project(pytester, SLOW_GUEST)
+    pytester.makepyfile(test_host="def test_host_fails():\n    assert False\n")
+    monkeypatch.setenv("MARKS", str(tmp_path))
+    res = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-x", timeout=60)
+    res.assert_outcomes(failed=1)
+    pid = int((tmp_path / "guest.pid").read_text())
+    gone = subprocess.run(["ps", "-o", "stat=", "-p", str(pid)], capture_output=True, text=True)
+    assert gone.stdout.strip() in ("", "Z"), f"the guest {pid} outlived pytest: {gone.stdout}"
+
+
 def test_shards_balance_by_cost_and_keep_files_whole() -> None:
     from integration.vm.pytest_lab import _shards
 
