@@ -120,29 +120,41 @@ def wait_addresses_stable(quiet: float = 3.0, timeout: float = 120.0) -> list[st
 def scrub() -> list[str]:
     """Remove whatever a proxy left (after its own cleanup), return what there was."""
     left = snapshot.normalize(snapshot.read()).is_clean()
+    if not left:  # nothing below would find anything: ~15 processes saved, seconds in the lab
+        return left
     sh("ipvsadm -C", check=False)
-    for fam, tool in ((4, "iptables"), (6, "ip6tables")):
-        del fam
+    # one iptables-restore per family and one ipset restore, not a process per rule, chain
+    # and set (~100 of them after a proxy's run, each a second or so under the lab's emulation)
+    said = []
+    for tool in ("iptables", "ip6tables"):
+        batch: list[str] = []
         for table in ("nat", "filter"):
             text = sh(f"{tool}-save -t {table}", check=False)
-            for line in text.splitlines():
-                if line.startswith("-A ") and re.search(r" -[jg] (KUBE-|IPVSPROXY-)", line) \
-                        and line.split()[1] in snapshot.BUILTIN_CHAINS:
-                    sh(f"{tool} -t {table} -D {line[3:]}", check=False)
+            jumps = [f"-D {line[3:]}" for line in text.splitlines()
+                     if line.startswith("-A ") and re.search(r" -[jg] (KUBE-|IPVSPROXY-)", line)
+                     and line.split()[1] in snapshot.BUILTIN_CHAINS]
             chains = [ln[1:].split()[0] for ln in text.splitlines()
                       if ln.startswith(":") and ln[1:].startswith(snapshot.OWN_PREFIXES)]
-            for c in chains:
-                sh(f"{tool} -t {table} -F {c}", check=False)
-            for c in chains:
-                sh(f"{tool} -t {table} -X {c}", check=False)
-    for name in sh("ipset list -n", check=False).split():
-        if name.startswith(snapshot.OWN_PREFIXES):
-            sh(f"ipset destroy {name}", check=False)
+            if jumps or chains:
+                batch += [f"*{table}", *jumps, *(f"-F {c}" for c in chains),
+                          *(f"-X {c}" for c in chains), "COMMIT"]
+        if batch:
+            said.append(_restore([f"{tool}-restore", "--noflush"], "\n".join(batch) + "\n"))
+    sets = [n for n in sh("ipset list -n", check=False).split()
+            if n.startswith(snapshot.OWN_PREFIXES)]
+    if sets:
+        said.append(_restore(["ipset", "restore"], "".join(f"destroy {n}\n" for n in sets)))
     sh("ip link del kube-ipvs0 2>/dev/null", check=False)
     still = snapshot.normalize(snapshot.read()).is_clean()
     if still:
-        raise RunError(f"the kernel could not be cleaned: {still}")
+        raise RunError(f"the kernel could not be cleaned: {still} {[x for x in said if x]}")
     return left
+
+
+def _restore(argv: list[str], text: str) -> str:
+    """Run a restore tool on `text`; what it said when it failed, else ""."""
+    p = subprocess.run(argv, input=text, text=True, capture_output=True, check=False)
+    return f"{argv[0]}: {p.stderr.strip()}" if p.returncode else ""
 
 
 # ------------------------------------------------------------------------------ proxies
