@@ -91,8 +91,8 @@ class Pods:
             self.procs.append(subprocess.Popen(
                 ["ip", "netns", "exec", name, sys.executable, str(HERE / "pod.py"), name],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        for name, ip in C.PODS.items():
-            wait_answer("cli", [(ip, C.TCP)], [], f"pod {name}")
+        # one probe for all (a Python start is a second or more under the lab's emulation)
+        wait_answer("cli", [(ip, C.TCP) for ip in C.PODS.values()], [], "the pods")
 
     def down(self) -> None:
         for p in self.procs:
