@@ -141,6 +141,14 @@ class Daemon:
              "--healthz-bind-address", HEALTHZ, "--metrics-bind-address", METRICS,
              "--service-metrics", "false"],
             self.log(self.lives))
+        # Started means running: the child has opened its log. A kill that came before that
+        # (two daemon_kill faults close together while the host's tests ran beside the lab)
+        # left a life with no log at all, and killed nothing that had begun.
+        deadline = time.monotonic() + 60
+        while not self.log(self.lives).exists():
+            assert self.proc.poll() is None, f"daemon life {self.lives} exited at once"
+            assert time.monotonic() < deadline, f"daemon life {self.lives} did not start in 60s"
+            time.sleep(0.05)
 
     def log(self, life: int) -> Path:
         return self.tmp / f"daemon-{life}.log"
