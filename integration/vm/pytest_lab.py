@@ -52,6 +52,16 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="lab guests booted side by side, each running a share of the kernel test files "
              "(on a 2-CPU machine 1: two emulated guests there took 1.6x as long as one)",
     )
+    group.addoption(
+        "--lab-cpus", type=int, default=int(os.environ.get("IPVSPROXY_LAB_CPUS", 0)),
+        # 2026-12-07, 2 CPUs: two 1-CPU guests ran the kernel tests in 26 min against one
+        # 2-CPU guest's 32, but the takeover's and the differential's set-ups took twice as
+        # long (738 s, 642 s) and the takeover broke one long-lived connection (its error was
+        # not kept; alone in a 1-CPU guest beside a host busy loop it passed, 637 s), so one
+        # 2-CPU guest stays the default.
+        help="emulated CPUs per lab guest (0: the host's CPUs shared among the guests, "
+             "at most 2)",
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -142,11 +152,7 @@ def pytest_runtestloop(session: pytest.Session) -> Any:
     config = session.config
     state = config.stash[_STATE_KEY]
     if not IN_LAB and state.get("kernel_items") and not config.option.collectonly:
-        state["lines"] = _Lines()
-        state["thread"] = threading.Thread(target=_run_lab_caught,
-                                           args=(config, state["lines"]),
-                                           daemon=True, name="kernel-lab")
-        state["thread"].start()
+        _start_lab(config)
     try:
         return (yield)
     finally:
@@ -185,20 +191,24 @@ def _run_lab_caught(config: pytest.Config, tw: _Lines) -> None:
         tw.line(f"kernel lab: {exc!r}", red=True)
 
 
-def _await_lab(config: pytest.Config) -> None:
-    """The lab's reports, waited for (or, without the early start, run now)."""
+def _start_lab(config: pytest.Config) -> threading.Thread:
     state = config.stash[_STATE_KEY]
-    if state.get("done"):
-        return
+    state["lines"] = _Lines()
+    thread = threading.Thread(target=_run_lab_caught, args=(config, state["lines"]),
+                              daemon=True, name="kernel-lab")
+    state["thread"] = thread
+    thread.start()
+    return thread
+
+
+def _await_lab(config: pytest.Config) -> None:
+    """The lab's reports, waited for; its lines are written by the first kernel test. (The
+    thread starts here only if another plugin ran the test loop without our wrapper's start.)"""
+    state = config.stash[_STATE_KEY]
+    (state.get("thread") or _start_lab(config)).join()
     tw = config.get_terminal_writer()
-    thread = state.get("thread")
-    if thread is None:
-        _run_lab(config, tw)
-    else:
-        thread.join()
-        for text, markup in state["lines"].lines:
-            tw.line(text, **markup)
-    state["done"] = True
+    for text, markup in state.pop("lines", _Lines()).lines:
+        tw.line(text, **markup)
 
 
 def _run_lab(config: pytest.Config, tw: Any) -> None:
@@ -214,6 +224,7 @@ def _run_lab(config: pytest.Config, tw: Any) -> None:
     from integration.vm import lab
 
     shards = _shards(state["kernel_items"], config.getoption("--lab-guests"))
+    cpus = config.getoption("--lab-cpus") or max(1, min(2, (os.cpu_count() or 1) // len(shards)))
     rootdir = Path(str(config.rootpath))
     tw.line()
     control, cp_error = _control_plane(state["kernel_items"], tw)
@@ -242,7 +253,7 @@ def _run_lab(config: pytest.Config, tw: Any) -> None:
             cmd = f"IPVSPROXY_CONTROLPLANE={shlex.quote(str(info))} {cmd}"
         try:
             res = lab.run(cmd, timeout=config.getoption("--lab-timeout"), cwd=rootdir,
-                          extra_rwdirs=[tmp], network=control is not None,
+                          extra_rwdirs=[tmp], network=control is not None, cpus=cpus,
                           on_start=lambda proc: _guest_started(state, proc))
         except lab.LabError as exc:
             results[i] = (None, f"kernel lab could not boot or finish: {exc}", None)
