@@ -23,6 +23,9 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from ipaddress import IPv4Address, IPv4Network, IPv6Address, IPv6Network
+from itertools import chain
+from operator import itemgetter
+from typing import Any
 
 from ipvsproxy.core import tables as T
 from ipvsproxy.core.cluster import Snapshot
@@ -211,7 +214,7 @@ def frontends(svc: Service, sp: ServicePort, family: int, nodeips: Sequence[IPAd
 class _Port:
     """One service port as the builder keeps it between its passes (see _Builder)."""
 
-    __slots__ = ("acc", "cat", "eps", "flags", "owner", "proto", "ranges", "rs", "sched", "sp",
+    __slots__ = ("acc", "cat", "eps", "flags", "flat", "owner", "proto", "ranges", "sched", "sp",
                  "svc")
 
     def __init__(self, svc: Service, sp: ServicePort, cat: Categorized, sched: str, flags: int,
@@ -219,10 +222,10 @@ class _Port:
         self.svc, self.sp, self.cat, self.sched, self.flags = svc, sp, cat, sched, flags
         self.ranges, self.owner, self.acc = ranges, owner, acc
         self.proto = sp.protocol.value.lower()
-        # the real servers of the last endpoint list a frontend of this port used: a port's
+        # the last endpoint list a frontend of this port used, flattened (_flat): a port's
         # frontends mostly share one list, and then one tuple of real servers (memory)
-        self.eps: tuple[Ep, ...] | None = None
-        self.rs: tuple[RealServer, ...] = ()
+        self.eps: Sequence[Ep] | None = None
+        self.flat: Flat = ()
 
 
 class _Builder:
@@ -241,7 +244,7 @@ class _Builder:
         self.nodeips = nodeips
         self.sets: dict[str, set[str]] = {d.name: set() for d in (*T.IPSETS, *T.OWN_IPSETS)}
         self.services: dict[ServiceKey, VirtualServer] = {}
-        self.dests: dict[ServiceKey, tuple[RealServer, ...]] = {}
+        self.dests: dict[ServiceKey, Flat] = {}  # made real servers by _real_servers
         self.owners: dict[ServiceKey, str] = {}
         self.bound: set[IPAddress] = set()
         self.out_filter: list[tuple[IPAddress, str, int]] = []
@@ -331,8 +334,8 @@ class _Builder:
             self.claims[key] = (svc.key, fe.kind)
             self.acc.keys.append(key)
             if eps is not p.eps:
-                p.eps, p.rs = eps, _real_servers(eps)
-            self.dests[key] = p.rs
+                p.eps, p.flat = eps, _flat(eps)
+            self.dests[key] = p.flat
         add(T.OWNED, entry)
         if fe.bind:
             self.bound.add(fe.addr)
@@ -392,15 +395,40 @@ def age(svc: Service) -> tuple[str, str, str, str]:
 _RS_DEFAULTS = RealServer(DestKey(IPv4Address(0), 0))[3:]
 
 
-def _real_servers(eps: Sequence[Ep]) -> tuple[RealServer, ...]:
+# A port's real servers while the services are walked: (address, port, weight) of each, one
+# flat tuple. The RealServer values (two tuples an endpoint, ~90 MB at 50,000 services x 10)
+# are made after the walk (_real_servers): made during it, they sat among what outlives the
+# sync (virtual servers, set entries, the index), and when they were freed Python could hand
+# back none of their memory (an arena goes back only when empty): ~90 MB more resident after
+# the first full sync, for good. Made last, they fill arenas of their own, freed whole.
+Flat = tuple[Any, ...]
+_ADDR_PORT_WEIGHT = itemgetter(0, 1, 2)
+
+
+def _flat(eps: Sequence[Ep]) -> Flat:
     # in (address, port) order, as DestKey orders them: port_endpoints gives them so, and
-    # categorize keeps the order. tuple.__new__ builds each NamedTuple from all its fields
-    # without the Python frame of its generated __new__ (as its own _make does): a million
-    # values at 50,000 services, 7% of compute_desired's instructions. (`+ tail` joins two
-    # tuples in C; `*tail` in the display goes through a list, ~1% of all instructions more.)
+    # categorize keeps the order
+    return tuple(chain.from_iterable(map(_ADDR_PORT_WEIGHT, eps)))
+
+
+def _real_servers(flats: dict[ServiceKey, Flat]) -> dict[ServiceKey, tuple[RealServer, ...]]:
+    """Each frontend's real servers, one tuple for the frontends that share a flat tuple.
+    tuple.__new__ builds each NamedTuple from all its fields without the Python frame of its
+    generated __new__ (as its own _make does): a million values at 50,000 services, 7% of
+    compute_desired's instructions. (`+ tail` joins two tuples in C; `*tail` in the display
+    goes through a list, ~1% of all instructions more.)"""
     masq, tail, new = Fwd.MASQ, _RS_DEFAULTS, tuple.__new__
-    return tuple([new(RealServer, (new(DestKey, (e.addr, e.port)), masq, e.weight) + tail)  # noqa: RUF005
-                  for e in eps])
+    made: dict[int, tuple[RealServer, ...]] = {}  # by id: `flats` keeps every flat alive
+    out: dict[ServiceKey, tuple[RealServer, ...]] = {}
+    for key, flat in flats.items():
+        rs = made.get(id(flat))
+        if rs is None:
+            it = iter(flat)
+            rs = made[id(flat)] = tuple([
+                new(RealServer, (new(DestKey, (a, port)), masq, w) + tail)  # noqa: RUF005
+                for a, port, w in zip(it, it, it, strict=True)])
+        out[key] = rs
+    return out
 
 
 def compute_desired(snap: Snapshot, host: HostFacts, cfg: Config) -> Desired:
@@ -427,7 +455,7 @@ def _compute_desired(snap: Snapshot, host: HostFacts, cfg: Config) -> Desired:
     zone = node.zone if node else ""
     by_svc = snap.slices_by_service()
     services: dict[ServiceKey, VirtualServer] = {}
-    dests: dict[ServiceKey, tuple[RealServer, ...]] = {}
+    flats: dict[ServiceKey, Flat] = {}
     owners: dict[ServiceKey, str] = {}
     bound: set[IPAddress] = set()
     sets: dict[str, frozenset[str]] = {}
@@ -470,7 +498,7 @@ def _compute_desired(snap: Snapshot, host: HostFacts, cfg: Config) -> Desired:
         b.add_deferred(later, "external-ip")
         fam_sets, fam_rules = b.finish()
         services.update(b.services)
-        dests.update(b.dests)
+        flats.update(b.dests)
         owners.update(b.owners)
         bound |= b.bound
         sets.update(fam_sets)
@@ -480,6 +508,8 @@ def _compute_desired(snap: Snapshot, host: HostFacts, cfg: Config) -> Desired:
     timeouts = None
     if cfg.tcp_timeout or cfg.tcpfin_timeout or cfg.udp_timeout:
         timeouts = Timeouts(cfg.tcp_timeout, cfg.tcpfin_timeout, cfg.udp_timeout)
-    return Desired(cfg.families, services, dests, owners, frozenset(bound), tuple(specs),
-                   sets, rules, sysctls(cfg, host), timeouts, tuple(problems),
-                   {k: a.freeze() for k, a in accs.items()})
+    index = {k: a.freeze() for k, a in accs.items()}
+    del accs
+    return Desired(cfg.families, services, _real_servers(flats), owners, frozenset(bound),
+                   tuple(specs), sets, rules, sysctls(cfg, host), timeouts, tuple(problems),
+                   index)  # the real servers last: see Flat
