@@ -12,7 +12,7 @@ import pytest
 
 from tests.kernel import chaos
 
-pytestmark = [pytest.mark.kernel, pytest.mark.lab_cost(150)]  # seconds, balances lab guests
+pytestmark = [pytest.mark.kernel, pytest.mark.lab_cost(130)]  # seconds, balances lab guests
 
 
 def test_chaos_converges_and_spares_foreign_objects(ipvs_modules: None, tmp_path: Path) -> None:

@@ -44,7 +44,7 @@ from tests.kernel import forked
 from tests.kernel.conftest import sh
 from tests.kernel.test_traffic import PODS, PODS_SH, service, slice_, sync
 
-pytestmark = [pytest.mark.kernel, pytest.mark.lab_cost(120)]  # seconds, balances lab guests
+pytestmark = [pytest.mark.kernel, pytest.mark.lab_cost(60)]  # seconds, balances lab guests
 
 VIP, VPORT, TPORT = "10.96.0.53", 53, 5300
 CLIENT = "192.168.1.100"

@@ -37,7 +37,7 @@ from tests.kernel import forked
 from tests.kernel.conftest import sh
 from tests.kernel.test_traffic import PODS, PODS_SH, service, slice_, who
 
-pytestmark = [pytest.mark.kernel, pytest.mark.lab_cost(540)]  # seconds, balances lab guests
+pytestmark = [pytest.mark.kernel, pytest.mark.lab_cost(280)]  # seconds, balances lab guests
 SYNC_PERIOD = 6.0
 LONG = os.environ.get("IPVSPROXY_DAEMON_LONG") == "1"  # make soak
 # How long the API server is away: three sync periods in make test, five minutes in make soak.

@@ -24,7 +24,7 @@ import pytest
 from tests.differential import changes, generate, proxies, run
 from tests.differential.cluster import Params
 
-pytestmark = [pytest.mark.kernel, pytest.mark.lab_cost(900)]  # seconds, balances lab guests
+pytestmark = [pytest.mark.kernel, pytest.mark.lab_cost(640)]  # seconds, balances lab guests
 
 # Sized for make test under software emulation: one cluster and a change series on it. The
 # seed is new at each run (every seed is valid), so each run meets a cluster no one looked at

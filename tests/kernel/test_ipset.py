@@ -37,7 +37,7 @@ from ipvsproxy.kernel.ipset import (
 )
 from tests.kernel.conftest import sh
 
-pytestmark = [pytest.mark.kernel, pytest.mark.lab_cost(100)]  # seconds, balances lab guests
+pytestmark = [pytest.mark.kernel, pytest.mark.lab_cost(110)]  # seconds, balances lab guests
 
 PREFIX = "IPVSPT-"  # every set these tests create; the fixture destroys them all
 

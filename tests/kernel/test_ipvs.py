@@ -32,7 +32,7 @@ from ipvsproxy.kernel.ipvs import IpvsClient
 from ipvsproxy.kernel.ipvs_codec import iter_messages
 from tests.kernel.conftest import sh
 
-pytestmark = [pytest.mark.kernel, pytest.mark.lab_cost(100)]  # seconds, balances lab guests
+pytestmark = [pytest.mark.kernel, pytest.mark.lab_cost(25)]  # seconds, balances lab guests
 
 SCHEDULERS = ["rr", "wrr", "lc", "wlc", "lblc", "lblcr", "dh", "sh", "sed", "nq", "fo", "ovf",
               "mh"]  # Debian's 6.1 kernel does not build ip_vs_twos

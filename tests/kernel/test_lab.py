@@ -11,7 +11,7 @@ from pyroute2.ipvs import IPVSService
 
 from tests.kernel.conftest import sh
 
-pytestmark = [pytest.mark.kernel, pytest.mark.lab_cost(20)]  # seconds, balances lab guests
+pytestmark = [pytest.mark.kernel, pytest.mark.lab_cost(5)]  # seconds, balances lab guests
 
 
 def test_runs_in_a_kernel_other_than_the_hosts() -> None:

@@ -28,7 +28,7 @@ from ipvsproxy.cli import main
 from ipvsproxy.core import ipvsadm_conn
 from tests.kernel.conftest import sh
 
-pytestmark = [pytest.mark.kernel, pytest.mark.lab_cost(120)]  # seconds, balances lab guests
+pytestmark = [pytest.mark.kernel, pytest.mark.lab_cost(140)]  # seconds, balances lab guests
 
 ALL_SCHEDULERS = ["rr", "wrr", "lc", "wlc", "sh", "mh", "dh", "sed", "nq", "lblc", "lblcr",
                   "fo", "ovf", "twos"]

@@ -50,7 +50,7 @@ from tests.kernel.test_traffic import PODS_SH, service, slice_, who
 from tests.realapi.conftest import SA_NAME, SA_NAMESPACE, SA_USER, proxy_role
 from tests.realapi.proxycalls import can, role_rules
 
-pytestmark = [pytest.mark.kernel, pytest.mark.controlplane, pytest.mark.lab_cost(330)]
+pytestmark = [pytest.mark.kernel, pytest.mark.controlplane, pytest.mark.lab_cost(140)]
 SYNC_PERIOD = 6.0
 HOST = "10.0.2.2"  # the host's 127.0.0.1, from the guest on qemu's user network
 GUEST = "10.0.2.15"

@@ -42,7 +42,7 @@ from scheduler.wrr import WrrState
 from tests.kernel import forked
 from tests.kernel.conftest import sh as shell
 
-pytestmark = [pytest.mark.kernel, pytest.mark.lab_cost(100)]  # seconds, balances lab guests
+pytestmark = [pytest.mark.kernel, pytest.mark.lab_cost(60)]  # seconds, balances lab guests
 
 PODS = [f"sch-pod{i}" for i in range(1, 6)]
 POD_IP = {name: f"10.245.0.{11 + i}" for i, name in enumerate(PODS)}

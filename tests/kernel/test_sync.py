@@ -16,7 +16,7 @@ from tests.kernel import forked
 from tests.kernel.conftest import sh
 from tests.unit.worked_example import worked_example
 
-pytestmark = [pytest.mark.kernel, pytest.mark.lab_cost(150)]  # seconds, balances lab guests
+pytestmark = [pytest.mark.kernel, pytest.mark.lab_cost(100)]  # seconds, balances lab guests
 NODE_IF = "ipvsp-node"
 FLAGS = ["--hostname-override", "node-a", "--cluster-cidr", "10.244.0.0/16",
          "--ip-families", "4"]

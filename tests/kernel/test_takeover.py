@@ -21,7 +21,7 @@ import pytest
 
 from tests.takeover import moves
 
-pytestmark = [pytest.mark.kernel, pytest.mark.lab_cost(300)]  # seconds, balances lab guests
+pytestmark = [pytest.mark.kernel, pytest.mark.lab_cost(740)]  # seconds, balances lab guests
 
 
 @pytest.fixture(scope="module")

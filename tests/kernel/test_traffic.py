@@ -23,7 +23,7 @@ import yaml
 from tests.kernel import forked
 from tests.kernel.conftest import sh
 
-pytestmark = [pytest.mark.kernel, pytest.mark.lab_cost(150)]  # seconds, balances lab guests
+pytestmark = [pytest.mark.kernel, pytest.mark.lab_cost(140)]  # seconds, balances lab guests
 PODS = {"pod1": ("10.244.1.11", "node-a"), "pod2": ("10.244.1.12", "node-a"),
         "pod3": ("10.244.1.13", "node-b")}
 PODS_SH = str(Path(__file__).resolve().parents[2] / "integration" / "vm" / "pods.sh")
